@@ -1,0 +1,38 @@
+"""``python -m experiments NAME [args]`` runs ``experiments/NAME.py``; ``list`` lists them."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+
+import experiments
+
+HELPERS = {"common"}
+
+
+def names() -> list[str]:
+    """Every experiment: a module of this package with a ``main(argv)`` (helpers excluded)."""
+    return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__) if not m.name.startswith("_") and m.name not in HELPERS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "list"):
+        print("experiments (python -m experiments NAME [--help]):")
+        for n in names():
+            mod = importlib.import_module(f"experiments.{n}")
+            doc = (mod.__doc__ or "").strip().splitlines()
+            print(f"  {n:<24} {doc[0] if doc else ''}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in names():
+        print(f"unknown experiment {name!r}; available: {', '.join(names())}", file=sys.stderr)
+        return 2
+    mod = importlib.import_module(f"experiments.{name}")
+    return int(mod.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

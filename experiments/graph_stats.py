@@ -1,0 +1,58 @@
+"""Nodes, edges and CCR (Celeritas Eq. 1) of every zoo model's training-step graph."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from experiments.common import compose, print_table, results_dir, style, zoo_models
+from harness.run import build
+from harness.stats import graph_stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments graph_stats", description=__doc__)
+    ap.add_argument("--models", nargs="*", default=None, help="zoo models (default: all)")
+    ap.add_argument("--cluster", default="v100x4_pcie", help="cluster whose devices 0 and 1 define w_i and c_ij")
+    ap.add_argument("--batch", type=int, default=None, help="batch size for every model (default: each model's own)")
+    ap.add_argument("--granularity", default="aten", choices=["aten", "core_aten", "layer"])
+    ap.add_argument("--out", default=None, help="output dir (default results/graph_stats)")
+    a = ap.parse_args(argv)
+    models = a.models or zoo_models()
+    out = Path(a.out) if a.out else results_dir("graph_stats")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for m in tqdm(models, desc="capturing", unit="model"):
+        ov = [f"model={m}", f"cluster={a.cluster}", f"graph.granularity={a.granularity}"]
+        if a.batch:
+            ov.append(f"model.batch_size={a.batch}")
+        cfg = compose(ov)
+        source, cluster, costs, _, _ = build(cfg)
+        t0 = time.perf_counter()
+        g = source.op_graph(**cfg.graph)
+        rows.append({"model": m, "batch": source.batch_size, "capture_s": time.perf_counter() - t0, **graph_stats(g, costs)})
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "graph_stats.csv", index=False)
+    print_table(rows, ["model", "batch", "nodes", "edges", "gflops", "param_mib", "ccr", "capture_s"],
+                title=f"graph statistics ({a.granularity} graph, CCR on {a.cluster})")
+    style()
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax1.bar(df["model"], df["nodes"], color="#4c72b0", edgecolor="black", hatch="//")
+    ax1.set_ylabel("nodes")
+    ax1.set_yscale("log")
+    ax2.bar(df["model"], df["ccr"], color="#dd8452", edgecolor="black", hatch="..")
+    ax2.set_ylabel(f"CCR on {a.cluster}")
+    ax2.set_yscale("log")
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", rotation=60)
+    fig.suptitle(f"training-step graphs ({a.granularity})")
+    fig.tight_layout()
+    fig.savefig(out / "graph_stats.png")
+    print(f"wrote {out / 'graph_stats.csv'} and {out / 'graph_stats.png'}")
+    return 0

@@ -1,0 +1,150 @@
+"""Cost models: what turns FLOPs and bytes into seconds.
+
+Every algorithm and the simulator see costs only through :class:`CostModel`.  The
+analytical model here is a roofline; a profiled model (measured operator times) plugs in
+behind the same interface.
+
+* compute: ``max(FLOPs / (peak x class efficiency), bytes / (memory bandwidth x efficiency)) + launch``
+  for a node that runs a kernel; views, getitem and detach (``graph.free``) cost nothing.
+* transfer (alpha-beta along the route): ``sum(lat) + bytes / min(bw)``.
+* gradient synchronisation: ring all-reduce ``2(p-1)/p * bytes / B + 2(p-1) * alpha``
+  (B, alpha: the slowest hop of the ring), or a parameter server on the group's first
+  device: ``2 * ((p-1) * bytes / B_ps + alpha)`` (OptCNN's t_S).
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from harness.cluster import Cluster
+from harness.graph import UPDATE, OpGraph
+
+#: op classes of the roofline, matched against the aten target in this order
+OP_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("conv", re.compile(r"^aten\.(convolution|_convolution|convolution_backward|cudnn_convolution|conv\w*)\b")),
+    ("gemm", re.compile(r"^aten\.(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_dot_product\w*)\b")),
+)
+
+
+def op_class(target: str) -> str:
+    """The roofline class of an aten target: ``conv``, ``gemm`` or ``other``."""
+    for name, pat in OP_CLASSES:
+        if pat.match(target):
+            return name
+    return "other"
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What algorithms and the simulator may ask about time and memory."""
+
+    cluster: Cluster
+
+    def node_times(self, graph: OpGraph, device: int, fraction: float = 1.0) -> np.ndarray:
+        """Seconds of every node of ``graph`` on ``device`` when it processes ``fraction`` of its work."""
+        ...
+
+    def compute_time(self, graph: OpGraph, node: int, device: int, fraction: float = 1.0) -> float:
+        """w_i: seconds of one node (or one shard of it) on one device."""
+        ...
+
+    def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
+        """c_ij: seconds to move ``nbytes`` from device ``src`` to device ``dst`` (0 when equal)."""
+        ...
+
+    def allreduce_time(self, nbytes: float, devices: Sequence[int]) -> float:
+        """Seconds to synchronise ``nbytes`` of gradients among ``devices``."""
+        ...
+
+    def memory(self, graph: OpGraph) -> np.ndarray:
+        """Bytes each node adds to its device's memory (output plus parameters it owns)."""
+        ...
+
+
+class AnalyticalCostModel:
+    """Roofline costs from the cluster's datasheet figures (the default ``costs=analytical``)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        efficiency: Mapping[str, float] | None = None,
+        mem_efficiency: float = 0.8,
+        launch_us: float = 5.0,
+        sync: str = "ring",
+    ) -> None:
+        if sync not in ("ring", "ps"):
+            raise ValueError(f"costs.sync must be 'ring' or 'ps', got {sync!r}")
+        self.cluster = cluster
+        self.efficiency = {"conv": 0.5, "gemm": 0.7, "other": 1.0, **dict(efficiency or {})}
+        self.mem_efficiency = float(mem_efficiency)
+        self.launch = float(launch_us) * 1e-6
+        self.sync = sync
+        self._parts: "weakref.WeakKeyDictionary[OpGraph, dict[str, tuple[np.ndarray, np.ndarray]]]" = weakref.WeakKeyDictionary()
+
+    # -- compute
+    def _roofline_parts(self, graph: OpGraph, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds of the fraction-scaled part, seconds of the fixed part) per node on a device kind."""
+        spec = self.cluster.devices[device].spec
+        per_graph = self._parts.setdefault(graph, {})
+        if spec.kind not in per_graph:
+            dtype = str(graph.meta.get("dtype", "float32"))
+            eff = np.array([self.efficiency.get(op_class(t), self.efficiency["other"]) for t in graph.targets])
+            t_flop = graph.flops / (spec.peak(dtype) * eff)
+            t_mem = graph.work_bytes / (spec.mem_bw * self.mem_efficiency)
+            scaled = np.where(graph.free, 0.0, np.maximum(t_flop, t_mem))
+            fixed = np.where(graph.free, 0.0, self.launch)
+            per_graph[spec.kind] = (scaled, fixed)
+        return per_graph[spec.kind]
+
+    def node_times(self, graph: OpGraph, device: int, fraction: float = 1.0) -> np.ndarray:
+        scaled, fixed = self._roofline_parts(graph, device)
+        return scaled * fraction + fixed
+
+    def compute_time(self, graph: OpGraph, node: int, device: int, fraction: float = 1.0) -> float:
+        scaled, fixed = self._roofline_parts(graph, device)
+        return float(scaled[node] * fraction + fixed[node])
+
+    # -- communication
+    def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
+        if src == dst or nbytes <= 0:
+            return 0.0
+        return float(self.cluster.route_lat[src, dst] + nbytes / self.cluster.route_bw[src, dst])
+
+    def allreduce_time(self, nbytes: float, devices: Sequence[int]) -> float:
+        devs = list(devices)
+        p = len(devs)
+        if p <= 1 or nbytes <= 0:
+            return 0.0
+        if self.sync == "ps":
+            ps = devs[0]
+            bw = min(self.cluster.route_bw[w, ps] for w in devs[1:])
+            lat = max(self.cluster.route_lat[w, ps] for w in devs[1:])
+            return float(2 * ((p - 1) * nbytes / bw + lat))
+        hops = [(devs[k], devs[(k + 1) % p]) for k in range(p)]
+        bw = min(self.cluster.route_bw[a, b] for a, b in hops)
+        lat = max(self.cluster.route_lat[a, b] for a, b in hops)
+        return float(2 * (p - 1) / p * nbytes / bw + 2 * (p - 1) * lat)
+
+    # -- memory
+    def memory(self, graph: OpGraph) -> np.ndarray:
+        return node_memory(graph)
+
+
+def node_memory(graph: OpGraph) -> np.ndarray:
+    """Bytes each node adds to a device: its output (views alias their input, updates are in
+    place) plus every parameter it is the first node to read."""
+    out = np.where(graph.free | (graph.phase == UPDATE), 0, graph.out_bytes).astype(np.int64)
+    counts = np.diff(graph.param_ptr)
+    owners = np.repeat(np.arange(graph.num_nodes), counts)
+    if len(owners):
+        first = np.full(len(graph.param_bytes), -1, dtype=np.int64)
+        # the first reader of each parameter in node order owns it
+        for node, p in zip(owners[::-1].tolist(), graph.param_idx[::-1].tolist()):
+            first[p] = node
+        has = first >= 0
+        np.add.at(out, first[has], graph.param_bytes[has])
+    return out

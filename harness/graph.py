@@ -1,0 +1,373 @@
+"""The operator graph (``OpGraph``): one training step as a DAG of operators.
+
+The graph is array-first: per-node attributes are numpy arrays indexed by node id,
+edges are three parallel arrays (``src``, ``dst``, ``nbytes``) and successors /
+predecessors are CSR arrays derived from them.  Node ids are always a topological
+order (every edge has ``src < dst``): algorithms may sweep ``range(n)`` forwards for
+a forward pass and backwards for a backward pass without sorting.
+
+What the papers call the computation graph G = (V, E) with computation costs w_i and
+communication costs c_ij (Celeritas Eq. 1; FD-DPS Sec. 3) is this graph plus a
+:class:`harness.costs.CostModel`, which turns FLOPs and bytes into seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+PHASES: tuple[str, ...] = ("forward", "backward", "update")
+FORWARD, BACKWARD, UPDATE = 0, 1, 2
+
+#: How a node behaves when its op is split along the sample (batch) dimension:
+#: ``batched`` ops work on a slice of the batch and produce a slice; ``partial`` ops
+#: consume batched inputs but produce an unbatched tensor (weight gradients, the loss),
+#: so each replica holds a partial sum that must be reduced; ``replicated`` ops do not
+#: depend on the batch (parameter views, optimizer updates) and run whole on every replica.
+BATCH_ROLES: tuple[str, ...] = ("batched", "partial", "replicated")
+BATCHED, PARTIAL, REPLICATED = 0, 1, 2
+
+GRAPH_FORMAT = "harness.opgraph/1"
+
+
+class GraphError(ValueError):
+    """A graph is malformed (a cycle, an edge to a missing node, arrays of wrong length)."""
+
+
+def _csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group ``values`` by ``keys`` (both length E) into CSR: (ptr, values, edge ids)."""
+    order = np.argsort(keys, kind="stable")
+    counts = np.bincount(keys, minlength=n)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr, values[order].astype(np.int32), order.astype(np.int32)
+
+
+def topological_order(n: int, src: np.ndarray, dst: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
+    """Kahn's algorithm; smallest id first among ready nodes so the result is deterministic.
+
+    Raises :class:`GraphError` naming a node on a cycle if the graph is not a DAG.
+    """
+    import heapq
+
+    indeg = np.bincount(dst, minlength=n).astype(np.int64).tolist()
+    ptr, succ, _ = _csr(n, src, dst)
+    ptr_l, succ_l = ptr.tolist(), succ.tolist()
+    heap = [v for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        v = heapq.heappop(heap)
+        order.append(v)
+        for i in range(ptr_l[v], ptr_l[v + 1]):
+            w = succ_l[i]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(heap, w)
+    if len(order) != n:
+        stuck = [v for v in range(n) if indeg[v] > 0]
+        cycle = _find_cycle(stuck, ptr_l, succ_l, set(stuck))
+        label = (lambda v: f"{v} ({names[v]})") if names is not None else str
+        raise GraphError("graph has a cycle through nodes " + " -> ".join(label(v) for v in cycle))
+    return np.asarray(order, dtype=np.int64)
+
+
+def _find_cycle(stuck: list[int], ptr: list[int], succ: list[int], alive: set[int]) -> list[int]:
+    """Walk successors inside the nodes Kahn could not remove until a node repeats."""
+    v = stuck[0]
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    while v not in seen:
+        seen[v] = len(path)
+        path.append(v)
+        v = next(succ[i] for i in range(ptr[v], ptr[v + 1]) if succ[i] in alive)
+    return path[seen[v]:] + [v]
+
+
+@dataclass(eq=False)
+class OpGraph:
+    """Joint forward + backward (+ update) operator graph of one training step.
+
+    Per node ``i``: ``names[i]``, ``targets[i]`` (aten op, e.g. ``aten.convolution.default``),
+    ``phase[i]`` (index into :data:`PHASES`), ``layer[i]`` (index into ``layer_names``, the
+    owning module path), ``flops[i]``, ``out_bytes[i]`` (bytes of all its outputs),
+    ``work_bytes[i]`` (bytes read plus bytes written: the roofline's memory traffic and the
+    memory the op needs resident while it runs), ``free[i]`` (views, getitem, detach:
+    no kernel, no time), ``batch_role[i]`` (see :data:`BATCH_ROLES`), ``coloc[i]``
+    (co-location group id or -1).  Parameters are not nodes: ``param_bytes`` holds one
+    entry per parameter and the CSR ``param_ptr``/``param_idx`` lists the parameters each
+    node reads directly; ``grad_node[p]`` / ``update_node[p]`` are the nodes that produce
+    parameter p's gradient and its updated value (-1 if none).
+    """
+
+    names: list[str]
+    targets: list[str]
+    phase: np.ndarray
+    layer: np.ndarray
+    layer_names: list[str]
+    flops: np.ndarray
+    out_bytes: np.ndarray
+    work_bytes: np.ndarray
+    free: np.ndarray
+    batch_role: np.ndarray
+    coloc: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    param_names: list[str] = field(default_factory=list)
+    param_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    param_ptr: np.ndarray | None = None
+    param_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    grad_node: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    update_node: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    out_shapes: list[list[list[int]]] | None = None
+    out_dtypes: list[list[str]] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: the traced torch.fx GraphModule and node-name map, when captured in this process
+    #: (not serialised; the real-run backend and the profiler need it).
+    fx: Any = None
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        self.phase = np.asarray(self.phase, dtype=np.int8)
+        self.layer = np.asarray(self.layer, dtype=np.int32)
+        self.flops = np.asarray(self.flops, dtype=np.float64)
+        self.out_bytes = np.asarray(self.out_bytes, dtype=np.int64)
+        self.work_bytes = np.asarray(self.work_bytes, dtype=np.int64)
+        self.free = np.asarray(self.free, dtype=bool)
+        self.batch_role = np.asarray(self.batch_role, dtype=np.int8)
+        self.coloc = np.asarray(self.coloc, dtype=np.int32)
+        self.src = np.asarray(self.src, dtype=np.int32)
+        self.dst = np.asarray(self.dst, dtype=np.int32)
+        self.nbytes = np.asarray(self.nbytes, dtype=np.int64)
+        self.param_bytes = np.asarray(self.param_bytes, dtype=np.int64)
+        self.param_idx = np.asarray(self.param_idx, dtype=np.int32)
+        if self.param_ptr is None:
+            self.param_ptr = np.zeros(n + 1, dtype=np.int64)
+        self.param_ptr = np.asarray(self.param_ptr, dtype=np.int64)
+        self.grad_node = np.asarray(self.grad_node, dtype=np.int32)
+        self.update_node = np.asarray(self.update_node, dtype=np.int32)
+        for name in ("targets", "phase", "layer", "flops", "out_bytes", "work_bytes", "free", "batch_role", "coloc"):
+            if len(getattr(self, name)) != n:
+                raise GraphError(f"OpGraph.{name} has length {len(getattr(self, name))}, expected {n} (one per node)")
+        if not (len(self.src) == len(self.dst) == len(self.nbytes)):
+            raise GraphError("OpGraph edge arrays src, dst, nbytes differ in length")
+        if len(self.param_ptr) != n + 1:
+            raise GraphError(f"OpGraph.param_ptr has length {len(self.param_ptr)}, expected {n + 1}")
+        if len(self.src):
+            bad = np.flatnonzero((self.src < 0) | (self.src >= n) | (self.dst < 0) | (self.dst >= n))
+            if len(bad):
+                e = int(bad[0])
+                raise GraphError(f"edge {e} ({int(self.src[e])} -> {int(self.dst[e])}) names a node outside 0..{n - 1}")
+            back = np.flatnonzero(self.src >= self.dst)
+            if len(back):
+                e = int(back[0])
+                raise GraphError(
+                    f"edge {e} {self.names[self.src[e]]} -> {self.names[self.dst[e]]} does not follow node order: "
+                    "node ids must be a topological order (build the graph with OpGraph.from_unordered)"
+                )
+        self._succ: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._pred: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def num_nodes(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.src)
+
+    def succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Successors as CSR ``(ptr, succ, edge_id)``: node v's children are ``succ[ptr[v]:ptr[v+1]]``."""
+        if self._succ is None:
+            self._succ = _csr(self.num_nodes, self.src, self.dst)
+        return self._succ
+
+    def pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Predecessors as CSR ``(ptr, pred, edge_id)``."""
+        if self._pred is None:
+            self._pred = _csr(self.num_nodes, self.dst, self.src)
+        return self._pred
+
+    def successors(self, v: int) -> np.ndarray:
+        ptr, succ, _ = self.succ_csr()
+        return succ[ptr[v]:ptr[v + 1]]
+
+    def predecessors(self, v: int) -> np.ndarray:
+        ptr, pred, _ = self.pred_csr()
+        return pred[ptr[v]:ptr[v + 1]]
+
+    def params_of(self, v: int) -> np.ndarray:
+        """Parameter ids node v reads directly."""
+        return self.param_idx[self.param_ptr[v]:self.param_ptr[v + 1]]
+
+    @property
+    def node_param_bytes(self) -> np.ndarray:
+        """Bytes of parameters each node reads directly (OpGraph's "parameter bytes" per node)."""
+        out = np.zeros(self.num_nodes, dtype=np.int64)
+        counts = np.diff(self.param_ptr)
+        owners = np.repeat(np.arange(self.num_nodes), counts)
+        np.add.at(out, owners, self.param_bytes[self.param_idx])
+        return out
+
+    def coloc_groups(self) -> list[np.ndarray]:
+        """Members of each co-location group, in node order (group g is ``coloc == g``)."""
+        ids = self.coloc
+        if len(ids) == 0 or ids.max(initial=-1) < 0:
+            return []
+        order = np.argsort(ids, kind="stable")
+        order = order[ids[order] >= 0]
+        _, starts = np.unique(ids[order], return_index=True)
+        return np.split(order, starts[1:])
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_unordered(cls, **fields: Any) -> "OpGraph":
+        """Build a graph whose node ids may not be topological: renumber them topologically.
+
+        Accepts the same keyword fields as the constructor; raises :class:`GraphError`
+        naming a node on a cycle when there is one.  The returned graph has
+        ``meta["renumbered_from"]`` = the old id of each new node when anything moved.
+        """
+        names = list(fields["names"])
+        n = len(names)
+        src = np.asarray(fields["src"], dtype=np.int64)
+        dst = np.asarray(fields["dst"], dtype=np.int64)
+        if len(src) and (src.min() < 0 or dst.min() < 0 or src.max() >= n or dst.max() >= n):
+            raise GraphError(f"an edge names a node outside 0..{n - 1}")
+        self_loops = np.flatnonzero(src == dst)
+        if len(self_loops):
+            v = int(src[self_loops[0]])
+            raise GraphError(f"graph has a cycle through nodes {v} ({names[v]}) -> {v} ({names[v]})")
+        order = topological_order(n, src, dst, names)
+        if np.array_equal(order, np.arange(n)):
+            return cls(**fields)
+        new_id = np.empty(n, dtype=np.int64)
+        new_id[order] = np.arange(n)
+        out = dict(fields)
+        for key in ("names", "targets", "out_shapes", "out_dtypes"):
+            if out.get(key) is not None:
+                out[key] = [fields[key][i] for i in order]
+        for key in ("phase", "layer", "flops", "out_bytes", "work_bytes", "free", "batch_role", "coloc"):
+            out[key] = np.asarray(fields[key])[order]
+        out["src"], out["dst"] = new_id[src], new_id[dst]
+        if fields.get("param_ptr") is not None:
+            ptr = np.asarray(fields["param_ptr"])
+            idx = np.asarray(fields["param_idx"])
+            lists = [idx[ptr[i]:ptr[i + 1]] for i in order]
+            counts = np.array([len(x) for x in lists], dtype=np.int64)
+            out["param_ptr"] = np.concatenate([[0], np.cumsum(counts)])
+            out["param_idx"] = np.concatenate(lists) if lists else np.zeros(0, np.int32)
+        for key in ("grad_node", "update_node"):
+            if fields.get(key) is not None:
+                arr = np.asarray(fields[key], dtype=np.int64)
+                out[key] = np.where(arr >= 0, new_id[np.maximum(arr, 0)], -1)
+        meta = dict(fields.get("meta") or {})
+        meta["renumbered_from"] = order.tolist()
+        out["meta"] = meta
+        return cls(**out)
+
+    def subgraph_sizes(self) -> dict[str, int]:
+        """Node counts per phase (for summaries)."""
+        counts = np.bincount(self.phase, minlength=len(PHASES))
+        return {p: int(c) for p, c in zip(PHASES, counts)}
+
+    # ------------------------------------------------------------------ export
+    def to_networkx(self) -> "Any":
+        """A ``networkx.DiGraph`` with node and edge attributes, for interop and plots."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for i in range(self.num_nodes):
+            g.add_node(
+                i,
+                name=self.names[i],
+                target=self.targets[i],
+                phase=PHASES[self.phase[i]],
+                layer=self.layer_names[self.layer[i]],
+                flops=float(self.flops[i]),
+                out_bytes=int(self.out_bytes[i]),
+                work_bytes=int(self.work_bytes[i]),
+                free=bool(self.free[i]),
+                coloc=int(self.coloc[i]),
+            )
+        for s, d, b in zip(self.src.tolist(), self.dst.tolist(), self.nbytes.tolist()):
+            g.add_edge(s, d, nbytes=b)
+        return g
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (see :meth:`from_dict`)."""
+        return {
+            "format": GRAPH_FORMAT,
+            "names": self.names,
+            "targets": self.targets,
+            "phase": self.phase.tolist(),
+            "layer": self.layer.tolist(),
+            "layer_names": self.layer_names,
+            "flops": self.flops.tolist(),
+            "out_bytes": self.out_bytes.tolist(),
+            "work_bytes": self.work_bytes.tolist(),
+            "free": self.free.astype(int).tolist(),
+            "batch_role": self.batch_role.tolist(),
+            "coloc": self.coloc.tolist(),
+            "src": self.src.tolist(),
+            "dst": self.dst.tolist(),
+            "nbytes": self.nbytes.tolist(),
+            "param_names": self.param_names,
+            "param_bytes": self.param_bytes.tolist(),
+            "param_ptr": self.param_ptr.tolist(),
+            "param_idx": self.param_idx.tolist(),
+            "grad_node": self.grad_node.tolist(),
+            "update_node": self.update_node.tolist(),
+            "out_shapes": self.out_shapes,
+            "out_dtypes": self.out_dtypes,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OpGraph":
+        fmt = d.get("format")
+        if fmt != GRAPH_FORMAT:
+            raise GraphError(f"not an op graph file: format is {fmt!r}, expected {GRAPH_FORMAT!r}")
+        kw = {k: v for k, v in d.items() if k != "format"}
+        return cls(**kw)
+
+    def save(self, path: str | Path) -> None:
+        """Write the graph as JSON (``.json``) readable by :meth:`load` and ``model=from_file``."""
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "OpGraph":
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"graph file {p} does not exist")
+        return cls.from_dict(json.loads(p.read_text()))
+
+    def summary(self) -> str:
+        return (
+            f"OpGraph({self.meta.get('model', '?')}: {self.num_nodes} nodes, {self.num_edges} edges, "
+            f"{self.flops.sum() / 1e9:.2f} GFLOP, params {self.param_bytes.sum() / 2**20:.1f} MiB)"
+        )
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+def edges_from_pairs(pairs: Iterable[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge (src, dst, bytes) triples into unique edges, summing bytes of duplicates."""
+    acc: dict[tuple[int, int], int] = {}
+    for s, d, b in pairs:
+        acc[(s, d)] = acc.get((s, d), 0) + b
+    if not acc:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z.copy(), z.copy()
+    keys = sorted(acc)
+    src = np.fromiter((k[0] for k in keys), dtype=np.int64, count=len(keys))
+    dst = np.fromiter((k[1] for k in keys), dtype=np.int64, count=len(keys))
+    nb = np.fromiter((acc[k] for k in keys), dtype=np.int64, count=len(keys))
+    return src, dst, nb

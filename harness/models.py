@@ -1,0 +1,194 @@
+"""Graph sources: what a ``conf/model/*.yaml`` instantiates.
+
+Every source has a ``name``, a ``batch_size`` and :meth:`op_graph`; PyTorch models also
+give a :meth:`TorchModel.layer_graph`.  Three kinds:
+
+* :class:`TorchModel`: any ``nn.Module`` factory (``module._target_``), captured with
+  :func:`harness.capture.capture`; the zoo models and ``model=custom`` use it.
+* :class:`SyntheticGraph`: a seeded random layered DAG with a chosen size and CCR, for
+  scaling studies.
+* :class:`GraphFile`: a graph saved with :meth:`OpGraph.save`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from harness.capture import CaptureError, TensorSpec, capture
+from harness.graph import BATCHED, FORWARD, OpGraph
+
+_CACHE: dict[str, OpGraph] = {}
+
+
+def _plain(x: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(x, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(x, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra
+        pass
+    return x
+
+
+class TorchModel:
+    """A PyTorch model: the ``module`` config is instantiated on the ``meta`` device when captured."""
+
+    def __init__(
+        self,
+        name: str,
+        module: Mapping[str, Any],
+        batch_size: int,
+        inputs: Sequence[Mapping[str, Any]],
+        target: Mapping[str, Any],
+        loss: str = "cross_entropy",
+        **extra: Any,
+    ) -> None:
+        self.name = str(name)
+        self.module_cfg = _plain(module)
+        if not isinstance(self.module_cfg, Mapping) or "_target_" not in self.module_cfg:
+            raise CaptureError(f"model {self.name!r}: `module` needs a _target_ naming an nn.Module factory")
+        self.batch_size = int(batch_size)
+        self.inputs = [TensorSpec.from_cfg(_plain(s)) for s in inputs]
+        self.target = TensorSpec.from_cfg(_plain(target))
+        self.loss = str(loss)
+        self.extra = {k: _plain(v) for k, v in extra.items()}
+
+    def build(self) -> Any:
+        """A fresh module (on whatever device is current)."""
+        from hydra.utils import instantiate
+
+        try:
+            return instantiate(self.module_cfg)
+        except Exception as e:  # noqa: BLE001
+            raise CaptureError(f"could not build model {self.name!r} from {self.module_cfg.get('_target_')}: {e}") from e
+
+    def _key(self, **kw: Any) -> str:
+        return json.dumps([self.name, self.module_cfg, self.batch_size, [s.__repr__() for s in self.inputs], repr(self.target), self.loss, kw], sort_keys=True, default=str)
+
+    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False) -> OpGraph:
+        """The joint forward/backward/update aten graph (memoised per configuration in this process)."""
+        key = self._key(granularity=granularity, optimizer=optimizer, batch_probe=batch_probe)
+        if key in _CACHE and not (keep_fx and _CACHE[key].fx is None):
+            return _CACHE[key]
+        g = capture(
+            self.build, self.inputs, self.target, self.loss, self.batch_size, name=self.name,
+            granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, keep_fx=keep_fx,
+        )
+        _CACHE[key] = g
+        return g
+
+    def layer_graph(self) -> Any:
+        """The module-level LayerGraph (OptCNN / PaSE granularity)."""
+        import torch
+
+        from harness.layergraph import build_layer_graph
+
+        with torch.device("meta"):
+            module = self.build()
+        specs = [((self.batch_size, *s.shape), s.dtype) for s in self.inputs]
+        return build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
+
+
+class SyntheticGraph:
+    """A seeded random layered DAG (a scaling-study workload).
+
+    ``nodes`` operators in layers of about ``width`` nodes; each node reads from
+    ``1 + Poisson(degree - 1)`` nodes of the previous layer and, with probability
+    ``skip``, from one earlier layer.  Work is uniform in [0.5, 1.5] x ``gflops`` GFLOP;
+    edge sizes are scaled so that CCR (Celeritas Eq. 1: total transfer time over total
+    compute time) equals ``ccr`` on the reference device (``ref_tflops``) and link
+    (``ref_bw_GBps``).  The CCR on a real cluster follows from its own figures
+    (``python -m experiments graph_stats`` prints it).
+    """
+
+    def __init__(
+        self,
+        name: str = "synthetic",
+        nodes: int = 1000,
+        ccr: float = 1.0,
+        seed: int = 0,
+        width: int | None = None,
+        degree: float = 2.0,
+        skip: float = 0.1,
+        gflops: float = 1.0,
+        ref_tflops: float = 10.0,
+        ref_bw_GBps: float = 10.0,
+        batch_size: int = 1,
+        **extra: Any,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError(f"synthetic graph needs nodes >= 1, got {nodes}")
+        if ccr < 0:
+            raise ValueError(f"synthetic graph needs ccr >= 0, got {ccr}")
+        self.name, self.nodes, self.ccr, self.seed = str(name), int(nodes), float(ccr), int(seed)
+        self.width = int(width) if width else max(1, int(round(np.sqrt(self.nodes))))
+        self.degree, self.skip, self.gflops = float(degree), float(skip), float(gflops)
+        self.ref_flops, self.ref_bw = float(ref_tflops) * 1e12, float(ref_bw_GBps) * 1e9
+        self.batch_size = int(batch_size)
+
+    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False) -> OpGraph:
+        rng = np.random.default_rng(self.seed)
+        n = self.nodes
+        # layer widths: width +- 50%, covering n nodes
+        widths: list[int] = []
+        while sum(widths) < n:
+            widths.append(int(rng.integers(max(1, self.width // 2), self.width + self.width // 2 + 1)))
+        widths[-1] -= sum(widths) - n
+        starts = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
+        layer_of = np.repeat(np.arange(len(widths)), widths)
+        v = np.arange(starts[1] if len(widths) > 1 else n, n)  # nodes with a previous layer
+        L = layer_of[v]
+        k = 1 + rng.poisson(max(self.degree - 1.0, 0.0), size=len(v))
+        rows = np.repeat(v, k)
+        lo, hi = starts[L - 1], starts[L]
+        src = np.repeat(lo, k) + (rng.random(len(rows)) * np.repeat(hi - lo, k)).astype(np.int64)
+        sk = np.flatnonzero((rng.random(len(v)) < self.skip) & (L >= 2))
+        if len(sk):
+            far_layer = (rng.random(len(sk)) * (L[sk] - 1)).astype(np.int64)
+            far = starts[far_layer] + (rng.random(len(sk)) * (starts[far_layer + 1] - starts[far_layer])).astype(np.int64)
+            rows = np.concatenate([rows, v[sk]])
+            src = np.concatenate([src, far])
+        pair = np.unique(src * n + rows)
+        src, dst = pair // n, pair % n
+        flops = rng.uniform(0.5, 1.5, n) * self.gflops * 1e9
+        weight = rng.uniform(0.5, 1.5, len(src))
+        comp_time = flops.sum() / self.ref_flops
+        nb = (weight / weight.sum() * self.ccr * comp_time * self.ref_bw).astype(np.int64) if len(src) else np.zeros(0, np.int64)
+        nb = np.maximum(nb, 4 if self.ccr > 0 else 0)
+        out_b = np.zeros(n, np.int64)
+        np.maximum.at(out_b, src, nb)
+        in_b = np.bincount(dst, weights=nb, minlength=n).astype(np.int64)
+        return OpGraph(
+            names=[f"op{i}" for i in range(n)], targets=["synthetic.op"] * n, phase=np.full(n, FORWARD),
+            layer=layer_of.astype(np.int32), layer_names=[f"layer{i}" for i in range(len(widths))], flops=flops,
+            out_bytes=out_b, work_bytes=np.zeros(n, np.int64), free=np.zeros(n, bool),
+            batch_role=np.full(n, BATCHED), coloc=np.full(n, -1), src=src, dst=dst, nbytes=nb,
+            meta={"model": self.name, "batch_size": self.batch_size, "dtype": "float32", "synthetic": True,
+                  "ccr_ref": self.ccr, "seed": self.seed, "in_bytes": in_b.sum().item()},
+        )
+
+
+class GraphFile:
+    """A graph saved with :meth:`OpGraph.save` (``model=from_file model.path=...``)."""
+
+    def __init__(self, path: str, name: str | None = None, batch_size: int | None = None, **extra: Any) -> None:
+        if not path or path == "???":
+            raise ValueError("model=from_file needs model.path=<graph.json>")
+        self.path = Path(path)
+        self._graph: OpGraph | None = None
+        self.name = name or self.path.stem
+        self._batch = batch_size
+
+    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False) -> OpGraph:
+        if self._graph is None:
+            self._graph = OpGraph.load(self.path)
+        return self._graph
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._batch or self.op_graph().meta.get("batch_size", 1))

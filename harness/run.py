@@ -1,0 +1,189 @@
+"""``harness.run(cfg)``: model -> graph -> algorithm -> strategy -> simulator -> result.
+
+A pure function of the composed config: it writes nothing.  The Hydra shell
+(``python -m harness``) writes what it returns into the job's output dir.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from harness.cluster import Cluster
+from harness.strategy import Plan
+
+#: keys of result.json that later tools rely on (never rename or drop one)
+CONTRACT_KEYS = (
+    "model", "cluster", "algo", "num_devices", "batch_size", "graph_nodes", "graph_edges", "search_seconds",
+    "step_time_s", "lower_bound_s", "oom", "comm_bytes", "peak_memory_bytes", "device_busy_s", "versions", "git_sha",
+)
+
+
+@dataclass(eq=False)
+class Result:
+    """What one job produced: the result row (result.json), the plan and the simulation."""
+
+    row: dict[str, Any]
+    plan: Plan
+    sim: Any
+    cluster: Cluster
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@functools.lru_cache(maxsize=1)
+def git_sha() -> str | None:
+    """The commit of the harness source tree, or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "numpy", "hydra-core", "harness"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _to_plain(cfg: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def build(cfg: Any) -> tuple[Any, Cluster, Any, Any, Any]:
+    """Instantiate (graph source, cluster, cost model, algorithm, simulator) from a composed config."""
+    from hydra.utils import instantiate
+
+    source = instantiate(cfg.model, _recursive_=False)
+    cluster = instantiate(cfg.cluster, _convert_="all")
+    # objects (not config values) are passed to a partial, so OmegaConf never sees them
+    costs = instantiate(cfg.costs, _partial_=True, _convert_="all")(cluster=cluster)
+    algo = instantiate(cfg.algo, seed=cfg.seed, _convert_="all")
+    sim = instantiate(cfg.sim, _convert_="all")
+    return source, cluster, costs, algo, sim
+
+
+def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
+    """Run one job.  ``on_plan`` (optional) receives the plan as soon as it exists, so a
+    caller can save it even if the simulation then fails."""
+    source, cluster, costs, algo, sim = build(cfg)
+    gcfg = _to_plain(cfg.get("graph", {})) or {}
+    kind = getattr(algo, "graph_kind", "op")
+    t0 = time.perf_counter()
+    graph = source.op_graph(**gcfg) if kind == "op" else source.layer_graph()
+    capture_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    plan = algo.plan(graph, cluster, costs)
+    search_s = time.perf_counter() - t0
+    if on_plan is not None:
+        on_plan(plan)
+    t0 = time.perf_counter()
+    res = sim(plan.graph, plan.strategy, cluster, costs)
+    sim_s = time.perf_counter() - t0
+    summary = res.summary()
+    row: dict[str, Any] = {
+        "model": source.name,
+        "cluster": cluster.name,
+        "algo": algo.name,
+        "num_devices": cluster.num_devices,
+        "batch_size": int(source.batch_size),
+        "graph_nodes": int(graph.num_nodes),
+        "graph_edges": int(graph.num_edges),
+        "plan_nodes": int(plan.graph.num_nodes),
+        "plan_edges": int(plan.graph.num_edges),
+        "search_seconds": search_s,
+        "capture_seconds": capture_s,
+        "simulate_seconds": sim_s,
+        **summary,
+        "devices_used": len(plan.strategy.devices_used()),
+        "algo_params": _jsonable(algo.describe()),
+        "algo_info": _jsonable(plan.info),
+        "seed": int(cfg.seed),
+        "versions": versions(),
+        "git_sha": git_sha(),
+    }
+    return Result(row=row, plan=plan, sim=res, cluster=cluster)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def format_bytes(b: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(b) < 1024 or unit == "TiB":
+            return f"{b:.1f} {unit}" if unit != "B" else f"{int(b)} B"
+        b /= 1024
+    return f"{b:.1f} TiB"
+
+
+def format_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def format_summary(row: dict[str, Any]) -> str:
+    """The table ``python -m harness`` prints."""
+    oom = "YES on devices " + ",".join(map(str, row.get("oom_devices", []))) if row["oom"] else "no"
+    lines = [
+        ("model", f"{row['model']} (batch {row['batch_size']})"),
+        ("nodes", f"{row['graph_nodes']} nodes, {row['graph_edges']} edges" + (
+            f" (plan: {row['plan_nodes']} nodes)" if row.get("plan_nodes") not in (None, row["graph_nodes"]) else "")),
+        ("devices", f"{row['num_devices']} on {row['cluster']} ({row.get('devices_used', '?')} used)"),
+        ("algorithm", row["algo"]),
+        ("search time", format_seconds(row["search_seconds"])),
+        ("step time", format_seconds(row["step_time_s"])),
+        ("lower bound", f"{format_seconds(row['lower_bound_s'])} (gap {100 * row.get('gap_to_bound', 0.0):.1f}%)"),
+        ("OOM", oom),
+        ("bytes moved", format_bytes(row["comm_bytes"]) + (
+            " (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in row.get("bytes_by_class", {}).items() if v) + ")"
+            if any(row.get("bytes_by_class", {}).values()) else "")),
+        ("peak memory", format_bytes(max(row["peak_memory_bytes"])) + " (max over devices)"),
+    ]
+    w = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in lines)
+
+
+def write_outputs(result: Result, outdir: Path, cfg: Any) -> None:
+    """result.json, trace.json and gantt.png into ``outdir`` (strategy.json is written by the shell's on_plan)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "result.json").write_text(json.dumps(result.row, indent=1))
+    out = cfg.get("output", {})
+    if out.get("trace", True):
+        result.sim.write_trace(outdir / "trace.json", max_tasks=out.get("trace_max_tasks"))
+    if out.get("gantt", True):
+        from simulators.gantt import plot_gantt
+
+        r = result.row
+        plot_gantt(result.sim, outdir / "gantt.png",
+                   title=f"{r['model']} / {r['algo']} / {r['cluster']}: step {format_seconds(r['step_time_s'])}")

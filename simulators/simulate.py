@@ -1,0 +1,167 @@
+"""Replay a plan on a cluster: expansion, event engine, and what a researcher reads off it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.cluster import Cluster
+from harness.costs import CostModel
+from harness.graph import PHASES, OpGraph
+from harness.strategy import Strategy
+from simulators import engine
+from simulators.taskgraph import COLLECTIVE, COMPUTE, TASK_KINDS, TRANSFER, TaskGraph, _unique, build_taskgraph
+
+
+@dataclass(eq=False)
+class SimResult:
+    """What one simulated training step gives.
+
+    ``lower_bound_s`` = max(critical path of the plan's compute tasks with communication
+    free, total compute / number of devices): no schedule of this plan on this cluster can
+    beat it, so ``step_time_s / lower_bound_s - 1`` is the gap left to any scheduler.
+    """
+
+    step_time_s: float
+    lower_bound_s: float
+    critical_path_s: float
+    work_bound_s: float
+    device_busy_s: list[float]
+    peak_memory_bytes: list[int]
+    mem_capacity_bytes: list[int]
+    oom: bool
+    oom_devices: list[int]
+    comm_bytes: int
+    bytes_by_class: dict[str, int]
+    num_tasks: dict[str, int]
+    taskgraph: TaskGraph = field(repr=False)
+    timeline: engine.EngineResult = field(repr=False)
+    graph: OpGraph = field(repr=False)
+    cluster: Cluster = field(repr=False)
+
+    @property
+    def gap(self) -> float:
+        return self.step_time_s / self.lower_bound_s - 1.0 if self.lower_bound_s > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers that go into result.json."""
+        return {
+            "step_time_s": self.step_time_s,
+            "lower_bound_s": self.lower_bound_s,
+            "critical_path_s": self.critical_path_s,
+            "work_bound_s": self.work_bound_s,
+            "gap_to_bound": self.gap,
+            "oom": self.oom,
+            "oom_devices": self.oom_devices,
+            "comm_bytes": self.comm_bytes,
+            "bytes_by_class": self.bytes_by_class,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "mem_capacity_bytes": self.mem_capacity_bytes,
+            "device_busy_s": self.device_busy_s,
+            "num_tasks": self.num_tasks,
+        }
+
+    # ------------------------------------------------------------------ timeline export
+    def task_label(self, t: int) -> str:
+        tg = self.taskgraph
+        k = int(tg.kind[t])
+        v = int(tg.node[t])
+        if k == TRANSFER and tg.param[t] >= 0:
+            return f"param {self.graph.param_names[int(tg.param[t])]}"
+        name = self.graph.names[v] if v >= 0 else "?"
+        return name if k == COMPUTE else f"{TASK_KINDS[k]} {name}"
+
+    def chrome_trace(self, max_tasks: int | None = None) -> dict[str, Any]:
+        """A Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev): one row per device
+        and per link, times in microseconds."""
+        tg, tl, cl = self.taskgraph, self.timeline, self.cluster
+        events: list[dict[str, Any]] = []
+        for d, dv in enumerate(cl.devices):
+            events.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": d, "args": {"name": dv.name}})
+        events.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "devices"}})
+        events.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "links"}})
+        used = sorted(set(tg.res_idx.tolist()))
+        for l in used:
+            events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": l, "args": {"name": f"{cl.links[l].name} ({cl.links[l].cls})"}})
+        order = np.argsort(tl.start, kind="stable")
+        truncated = max_tasks is not None and len(order) > max_tasks
+        if truncated:
+            order = order[:max_tasks]
+        phase = self.graph.phase
+        for t in order.tolist():
+            k = int(tg.kind[t])
+            ts, du = float(tl.start[t]) * 1e6, float(tl.end[t] - tl.start[t]) * 1e6
+            v = int(tg.node[t])
+            if k == COMPUTE:
+                events.append({
+                    "ph": "X", "name": self.task_label(t), "cat": PHASES[phase[v]], "pid": 0, "tid": int(tg.dev[t]),
+                    "ts": ts, "dur": du, "args": {"node": v, "target": self.graph.targets[v]},
+                })
+            else:
+                for i in range(tg.res_ptr[t], tg.res_ptr[t + 1]):
+                    events.append({
+                        "ph": "X", "name": self.task_label(t), "cat": TASK_KINDS[k], "pid": 1, "tid": int(tg.res_idx[i]),
+                        "ts": ts, "dur": du, "args": {"bytes": int(tg.nbytes[t])},
+                    })
+        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"truncated": truncated, "step_time_s": self.step_time_s}}
+
+    def write_trace(self, path: str | Path, max_tasks: int | None = None) -> None:
+        Path(path).write_text(json.dumps(self.chrome_trace(max_tasks)))
+
+
+def simulate(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: CostModel, order: str = "strict") -> SimResult:
+    """Expand and run one training step (validates the strategy first)."""
+    strategy.validate(graph, cluster.num_devices)
+    tg = build_taskgraph(graph, strategy, cluster, costs)
+    tl = engine.run(tg, cluster.num_devices, len(cluster.links), order)
+    comp = tg.kind == COMPUTE
+    total_work = float(tg.dur[comp].sum())
+    work_bound = total_work / cluster.num_devices
+    cap = cluster.mem_capacity
+    oom_devs = np.flatnonzero(tl.peak_mem > cap).tolist()
+
+    # bytes per link class: a task counts once for every class its route touches
+    classes = cluster.link_classes
+    cls_of_link = np.array([classes.index(l.cls) for l in cluster.links], dtype=np.int64)
+    owner = np.repeat(np.arange(tg.num_tasks), np.diff(tg.res_ptr))
+    by_class: dict[str, int] = {c: 0 for c in classes}
+    if len(owner):
+        pairs = _unique(owner * len(classes) + cls_of_link[tg.res_idx])
+        sums = np.bincount(pairs % len(classes), weights=tg.wire_bytes[pairs // len(classes)], minlength=len(classes))
+        by_class = {c: int(round(s)) for c, s in zip(classes, sums)}
+    kinds = np.bincount(tg.kind, minlength=3)
+    return SimResult(
+        step_time_s=float(tl.makespan),
+        lower_bound_s=max(tl.critical_path, work_bound),
+        critical_path_s=float(tl.critical_path),
+        work_bound_s=work_bound,
+        device_busy_s=tl.busy.tolist(),
+        peak_memory_bytes=tl.peak_mem.tolist(),
+        mem_capacity_bytes=cap.tolist(),
+        oom=bool(oom_devs),
+        oom_devices=oom_devs,
+        comm_bytes=int(round(float(tg.wire_bytes[tg.kind != COMPUTE].sum()))),
+        bytes_by_class=by_class,
+        num_tasks={"compute": int(kinds[COMPUTE]), "transfer": int(kinds[TRANSFER]), "collective": int(kinds[COLLECTIVE])},
+        taskgraph=tg,
+        timeline=tl,
+        graph=graph,
+        cluster=cluster,
+    )
+
+
+class EventSimulator:
+    """``sim=default``: the discrete-event simulator as a pluggable backend."""
+
+    def __init__(self, order: str = "strict", **params: Any) -> None:
+        if order not in engine.MODES:
+            raise ValueError(f"sim.order must be one of {engine.MODES}, got {order!r}")
+        self.order = order
+        self.params = params
+
+    def __call__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: CostModel) -> SimResult:
+        return simulate(graph, strategy, cluster, costs, self.order)

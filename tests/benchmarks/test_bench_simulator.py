@@ -1,0 +1,43 @@
+"""Simulator speed: resnet200's op graph on 8 devices (goal < 1 s) and throughput on a
+synthetic 100k-node graph (goal >= 300k tasks/s, reported in extra_info)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from algorithms.baselines import DataParallel
+from algorithms.m_topo import MTopo
+from experiments.common import compose
+from harness.models import SyntheticGraph
+from harness.run import build
+from harness.strategy import Strategy
+from simulators.simulate import simulate
+
+
+@pytest.fixture(scope="module")
+def resnet200_h100x8():
+    cfg = compose(["model=resnet200", "cluster=h100x8"])
+    src, cluster, costs, _, _ = build(cfg)
+    return src.op_graph(), cluster, costs
+
+
+@pytest.mark.parametrize("algo", [MTopo(), DataParallel()], ids=lambda a: a.name)
+def test_simulate_resnet200_8_devices(benchmark, resnet200_h100x8, algo):
+    g, cluster, costs = resnet200_h100x8
+    plan = algo.plan(g, cluster, costs)
+    res = benchmark(lambda: simulate(plan.graph, plan.strategy, cluster, costs))
+    benchmark.extra_info.update({"nodes": g.num_nodes, "tasks": sum(res.num_tasks.values())})
+
+
+@pytest.mark.parametrize("placement", ["round_robin", "blocks"])
+def test_throughput_synthetic_100k(benchmark, placement):
+    cfg = compose(["model=synthetic", "model.nodes=100000", "cluster=h100x8"])
+    src, cluster, costs, _, _ = build(cfg)
+    g = src.op_graph()
+    n = g.num_nodes
+    dev = np.arange(n) % 8 if placement == "round_robin" else (np.arange(n) * 8) // n
+    strat = Strategy.placement(dev)
+    res = benchmark.pedantic(lambda: simulate(g, strat, cluster, costs), rounds=3, iterations=1)
+    tasks = sum(res.num_tasks.values())
+    benchmark.extra_info.update({"nodes": n, "tasks": tasks, "tasks_per_s": tasks / benchmark.stats.stats.mean})

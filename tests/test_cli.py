@@ -1,0 +1,111 @@
+"""End to end through ``python -m harness``: one run per algorithm, errors, sweeps, collector."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.run import CONTRACT_KEYS
+
+REPO = Path(__file__).resolve().parents[1]
+ALGOS = sorted(p.stem for p in (REPO / "conf" / "algo").glob("*.yaml"))
+
+
+def harness(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_run_per_algorithm(algo, tmp_path):
+    out = tmp_path / "job"
+    r = harness(f"algo={algo}", "model=lenet5", "cluster=p100x4", f"hydra.run.dir={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for f in ("result.json", "strategy.json", "trace.json", "gantt.png"):
+        assert (out / f).exists(), f
+    row = json.loads((out / "result.json").read_text())
+    assert set(CONTRACT_KEYS) <= set(row)
+    assert row["algo"] == algo and row["model"] == "lenet5" and row["num_devices"] == 4
+    assert len(row["peak_memory_bytes"]) == 4 and isinstance(row["oom"], bool)
+    for k in ("model", "nodes", "devices", "algorithm", "search time", "step time", "lower bound", "OOM", "bytes moved"):
+        assert k in r.stdout
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+
+
+def test_job_writes_only_into_its_output_dir(tmp_path):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = tmp_path / "job"
+    r = harness("model=lenet5", "algo=single_device", f"hydra.run.dir={out}", cwd=cwd)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert list(cwd.iterdir()) == []
+
+
+def test_unknown_option_lists_the_available_ones(tmp_path):
+    r = harness("model=no_such_model", f"hydra.run.dir={tmp_path}")
+    assert r.returncode != 0
+    assert "Could not find 'model/no_such_model'" in r.stderr
+    assert "Available options" in r.stderr and "resnet50" in r.stderr
+
+
+def test_batch_size_override(tmp_path):
+    r = harness("model=lenet5", "model.batch_size=7", "algo=single_device", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "result.json").read_text())["batch_size"] == 7
+
+
+def test_failed_job_leaves_an_error_record(tmp_path):
+    r = harness("model=from_file", "model.path=/nonexistent/graph.json", f"hydra.run.dir={tmp_path}")
+    assert r.returncode != 0
+    err = json.loads((tmp_path / "error.json").read_text())
+    assert "does not exist" in err["error"] and "model.path=/nonexistent/graph.json" in err["overrides"]
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_multirun_and_collector(launcher, tmp_path):
+    sweep = tmp_path / "sweep"
+    r = harness("-m", "model=lenet5", "algo=single_device,round_robin", f"hydra/launcher={launcher}",
+                f"hydra.sweep.dir={sweep}", "output.gantt=false", "output.trace=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    c = subprocess.run([sys.executable, "-m", "harness.collect", str(sweep)], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert c.returncode == 0, c.stderr
+    df = pd.read_csv(sweep / "results.csv")
+    assert sorted(df["algo"]) == ["round_robin", "single_device"]
+    assert (sweep / "results.parquet").exists()
+    assert pd.read_parquet(sweep / "results.parquet")["step_time_s"].gt(0).all()
+
+
+def test_synthetic_and_from_file_models(tmp_path):
+    out = tmp_path / "syn"
+    r = harness("model=synthetic", "model.nodes=300", "model.ccr=0.5", "algo=round_robin", f"hydra.run.dir={out}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads((out / "result.json").read_text())
+    assert row["graph_nodes"] == 300 and row["model"] == "synthetic_n300_ccr0.5"
+    # save a captured graph and load it back through model=from_file
+    from harness.models import SyntheticGraph
+
+    p = tmp_path / "g.json"
+    SyntheticGraph(nodes=50, seed=3).op_graph().save(p)
+    out2 = tmp_path / "file"
+    r = harness("model=from_file", f"model.path={p}", "algo=m_topo", f"hydra.run.dir={out2}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out2 / "result.json").read_text())["graph_nodes"] == 50
+
+
+def test_same_config_same_result_bit_for_bit(tmp_path):
+    rows = []
+    for k in range(2):
+        r = harness("model=synthetic", "model.nodes=200", "algo=m_topo", f"hydra.run.dir={tmp_path / str(k)}", "output.gantt=false")
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows.append(json.loads((tmp_path / str(k) / "result.json").read_text()))
+    keys = ("step_time_s", "lower_bound_s", "comm_bytes", "peak_memory_bytes", "device_busy_s")
+    assert [rows[0][k] for k in keys] == [rows[1][k] for k in keys]
+    assert (tmp_path / "0" / "strategy.json").read_text() == (tmp_path / "1" / "strategy.json").read_text()

@@ -1,0 +1,246 @@
+"""The discrete-event simulator: unit cases and invariants on random DAGs (hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.costs import AnalyticalCostModel
+from harness.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
+from harness.strategy import ParallelConfig, Strategy, StrategyError
+from simulators import engine
+from simulators.simulate import simulate
+from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
+from tests.conftest import make_cluster, make_graph
+
+EPS = 1e-12
+
+
+def check_invariants(res) -> None:
+    """No overlap on a device or a link, every dependency respected, step >= lower bound."""
+    tg, tl = res.taskgraph, res.timeline
+    start, end = tl.start, tl.end
+    comp = np.flatnonzero(tg.kind == COMPUTE)
+    for d in np.unique(tg.dev[comp]):
+        s = comp[tg.dev[comp] == d]
+        o = s[np.argsort(start[s], kind="stable")]
+        assert np.all(start[o][1:] >= end[o][:-1] - EPS), f"two compute tasks overlap on device {d}"
+    owner = np.repeat(np.arange(tg.num_tasks), np.diff(tg.res_ptr))
+    for l in np.unique(tg.res_idx):
+        s = owner[tg.res_idx == l]
+        o = s[np.argsort(start[s], kind="stable")]
+        assert np.all(start[o][1:] >= end[o][:-1] - EPS), f"two transfers overlap on link {l}"
+    src = np.repeat(np.arange(tg.num_tasks), np.diff(tg.succ_ptr))
+    assert np.all(start[tg.succ_idx] >= end[src] - EPS), "a task started before its input finished"
+    assert np.allclose(end - start, tg.dur)
+    assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) - EPS
+    assert res.step_time_s == pytest.approx(end.max() if len(end) else 0.0)
+
+
+@st.composite
+def random_dags(draw, max_nodes: int = 25):
+    n = draw(st.integers(1, max_nodes))
+    pairs = [(i, j) for j in range(n) for i in range(j)]
+    edges = sorted(set(draw(st.lists(st.sampled_from(pairs), max_size=3 * n)))) if pairs else []
+    flops = draw(st.lists(st.floats(0.0, 5e9), min_size=n, max_size=n))
+    nbytes = draw(st.lists(st.integers(0, 50_000_000), min_size=len(edges), max_size=len(edges)))
+    return make_graph(n, edges, flops, nbytes)
+
+
+def random_topo_order(g: OpGraph, seed: int) -> np.ndarray:
+    """A random topological numbering (Kahn with random tie-breaks)."""
+    rng = np.random.default_rng(seed)
+    indeg = np.bincount(g.dst, minlength=g.num_nodes)
+    ready = [v for v in range(g.num_nodes) if indeg[v] == 0]
+    order = np.empty(g.num_nodes, np.int64)
+    k = 0
+    while ready:
+        v = ready.pop(int(rng.integers(len(ready))))
+        order[v] = k
+        k += 1
+        for w in g.successors(v).tolist():
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                ready.append(w)
+    return order
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(random_dags(), st.integers(1, 4), st.integers(0, 2**31 - 1), st.sampled_from(engine.MODES), st.sampled_from(["switch", "mesh", "pcie_tree"]))
+def test_invariants_random_placements(g, ndev, seed, mode, topo):
+    cl = make_cluster(ndev, topology=topo, lat_us=3.0)
+    costs = AnalyticalCostModel(cl, launch_us=1.0)
+    rng = np.random.default_rng(seed)
+    strat = Strategy.placement(rng.integers(0, ndev, g.num_nodes), random_topo_order(g, seed))
+    res = simulate(g, strat, cl, costs, order=mode)
+    check_invariants(res)
+    again = simulate(g, strat, cl, costs, order=mode)
+    assert np.array_equal(res.timeline.start, again.timeline.start)
+    assert np.array_equal(res.timeline.end, again.timeline.end)
+    assert res.peak_memory_bytes == again.peak_memory_bytes
+    assert res.comm_bytes == again.comm_bytes
+
+
+@SETTINGS
+@given(random_dags(15), st.integers(1, 4), st.integers(1, 2))
+def test_invariants_two_nodes_and_sample_configs(g, gpus, nodes):
+    """Multi-host routes (through NICs) and data-parallel expansion keep the invariants."""
+    cl = make_cluster(gpus, nodes=nodes, lat_us=2.0)
+    costs = AnalyticalCostModel(cl)
+    k = cl.num_devices
+    strat = Strategy.uniform_config(g.num_nodes, ParallelConfig.make({"sample": k}, range(k)))
+    res = simulate(g, strat, cl, costs)
+    check_invariants(res)
+    # every batched op is split k ways: total compute is the same work, k launches each
+    assert res.num_tasks["compute"] == k * g.num_nodes
+
+
+@SETTINGS
+@given(st.integers(1, 40), st.lists(st.floats(0.0, 1e10), min_size=40, max_size=40), st.integers(0, 3))
+def test_chain_on_one_device_is_sum_of_op_times(n, flops, dev):
+    g = make_graph(n, [(i, i + 1) for i in range(n - 1)], flops[:n])
+    cl = make_cluster(4)
+    costs = AnalyticalCostModel(cl, launch_us=2.0)
+    res = simulate(g, Strategy.placement(np.full(n, dev)), cl, costs)
+    assert res.step_time_s == pytest.approx(costs.node_times(g, dev).sum(), rel=1e-12)
+    assert res.comm_bytes == 0
+    assert res.device_busy_s[dev] == pytest.approx(res.step_time_s)
+
+
+def test_transfer_time_is_alpha_beta(cluster4, costs4):
+    g = make_graph(2, [(0, 1)], [1e9, 1e9], [10_000_000])
+    res = simulate(g, Strategy.placement([0, 1]), cluster4, costs4)
+    t = 1e9 / 10e12
+    assert res.step_time_s == pytest.approx(2 * t + 10_000_000 / 10e9)
+    assert res.num_tasks["transfer"] == 1
+    assert res.bytes_by_class == {"nvlink": 10_000_000}
+
+
+def test_transfers_sharing_a_link_contend(cluster4, costs4):
+    # 0 -> 1 and 0 -> 2 both leave device 0 through its one switch port: they serialise
+    g = make_graph(3, [(0, 1), (0, 2)], [0.0, 0.0, 0.0], [10_000_000, 10_000_000])
+    res = simulate(g, Strategy.placement([0, 1, 2]), cluster4, costs4)
+    assert res.step_time_s == pytest.approx(2 * 10_000_000 / 10e9)
+    # on a mesh every pair has its own link: they overlap
+    mesh = make_cluster(4, topology="mesh")
+    res2 = simulate(g, Strategy.placement([0, 1, 2]), mesh, AnalyticalCostModel(mesh, launch_us=0.0))
+    assert res2.step_time_s == pytest.approx(10_000_000 / 10e9)
+
+
+def test_transfer_cached_per_destination(cluster4, costs4):
+    # one tensor read by two consumers on device 1 crosses once
+    g = make_graph(3, [(0, 1), (0, 2)], None, [4_000_000, 4_000_000])
+    res = simulate(g, Strategy.placement([0, 1, 1]), cluster4, costs4)
+    assert res.num_tasks["transfer"] == 1
+    assert res.comm_bytes == 4_000_000
+
+
+def test_strict_order_is_followed_on_a_device(cluster4, costs4):
+    # two independent nodes on one device: the lower order runs first even if it is node 1
+    g = make_graph(2, [], [1e9, 2e9])
+    res = simulate(g, Strategy.placement([0, 0], [1, 0]), cluster4, costs4)
+    assert res.timeline.start[1] == 0.0
+    assert res.timeline.start[0] == pytest.approx(res.timeline.end[1])
+
+
+def test_lower_bound_is_max_of_critical_path_and_work(cluster4, costs4):
+    g = make_graph(4, [(0, 1)], [4e9, 4e9, 1e9, 1e9])
+    res = simulate(g, Strategy.placement([0, 0, 0, 0]), cluster4, costs4)
+    t = costs4.node_times(g, 0)
+    assert res.critical_path_s == pytest.approx(t[0] + t[1])
+    assert res.work_bound_s == pytest.approx(t.sum() / 4)
+    assert res.lower_bound_s == pytest.approx(max(t[0] + t[1], t.sum() / 4))
+
+
+def _dp_graph() -> OpGraph:
+    """x -> fwd (batched) -> wgrad (partial) -> update (replicated); fwd reads parameter 0."""
+    g = make_graph(3, [(0, 1), (1, 2)], [8e9, 8e9, 1e6], [64_000_000, 40_000_000])
+    g.batch_role[:] = [BATCHED, PARTIAL, REPLICATED]
+    g.phase[2] = UPDATE
+    g.out_bytes[:] = [64_000_000, 40_000_000, 40_000_000]
+    g.param_bytes = np.array([40_000_000])
+    g.param_ptr = np.array([0, 1, 1, 2])
+    g.param_idx = np.array([0, 0], np.int32)
+    g.update_node = np.array([2], np.int32)
+    g.grad_node = np.array([1], np.int32)
+    return g
+
+
+def test_data_parallel_inserts_one_allreduce(cluster4, costs4):
+    g = _dp_graph()
+    strat = Strategy.uniform_config(3, ParallelConfig.make({"sample": 4}, range(4)))
+    res = simulate(g, strat, cluster4, costs4)
+    tg = res.taskgraph
+    assert res.num_tasks == {"compute": 12, "transfer": 0, "collective": 1}
+    coll = int(np.flatnonzero(tg.kind == COLLECTIVE)[0])
+    assert tg.dur[coll] == pytest.approx(costs4.allreduce_time(40_000_000, [0, 1, 2, 3]))
+    # ring all-reduce puts 2(p-1) x bytes on the wire in total
+    assert res.comm_bytes == 2 * 3 * 40_000_000
+    # batched and partial shards do a quarter of the work, the update runs whole on every replica
+    comp = np.flatnonzero(tg.kind == COMPUTE)
+    t_full = costs4.node_times(g, 0)
+    np.testing.assert_allclose(np.sort(tg.dur[comp]), np.sort(np.r_[[t_full[0] / 4] * 4, [t_full[1] / 4] * 4, [t_full[2]] * 4]))
+    # every replica holds the parameter for the whole step
+    assert all(p >= 40_000_000 for p in res.peak_memory_bytes)
+
+
+def test_parameter_read_on_another_device_is_transferred(cluster4, costs4):
+    g = _dp_graph()
+    # forward on device 1, gradient and update on device 0 (the parameter's home)
+    res = simulate(g, Strategy.placement([1, 0, 0]), cluster4, costs4)
+    tg = res.taskgraph
+    p_tr = np.flatnonzero((tg.kind == TRANSFER) & (tg.param >= 0))
+    assert len(p_tr) == 1 and tg.nbytes[p_tr[0]] == 40_000_000 and tg.dst[p_tr[0]] == 1
+    check_invariants(res)
+
+
+def test_memory_follows_liveness(cluster4, costs4):
+    # a -> b -> c on one device: a's output dies when b finishes, so peak is two outputs
+    g = make_graph(3, [(0, 1), (1, 2)], None, [100, 100])
+    g.out_bytes[:] = [1000, 2000, 4000]
+    res = simulate(g, Strategy.placement([0, 0, 0]), cluster4, costs4)
+    assert res.peak_memory_bytes[0] == 2000 + 4000
+    # a view (free node) keeps its base alive until the view's reader is done
+    g2 = make_graph(4, [(0, 1), (1, 3), (2, 3)], None, [100, 100, 100])
+    g2.out_bytes[:] = [1000, 1000, 5000, 10]
+    g2.free[1] = True
+    res2 = simulate(g2, Strategy.placement([0, 0, 0, 0]), cluster4, costs4)
+    assert res2.peak_memory_bytes[0] == 1000 + 5000 + 10
+
+
+def test_oom_is_a_flag_not_a_crash():
+    cl = make_cluster(2, mem_GiB=0.001)
+    g = make_graph(2, [(0, 1)], None, [10])
+    g.out_bytes[:] = [2**21, 2**21]
+    res = simulate(g, Strategy.placement([0, 0]), cl, AnalyticalCostModel(cl))
+    assert res.oom and res.oom_devices == [0]
+
+
+def test_invalid_strategy_is_refused_with_the_culprit(cluster4, costs4):
+    g = make_graph(3, [(0, 1), (1, 2)])
+    with pytest.raises(StrategyError, match=r"node 2 \(v2\) is placed on device 7"):
+        simulate(g, Strategy.placement([0, 1, 7]), cluster4, costs4)
+    with pytest.raises(StrategyError, match="v2 .* no later than its input v1"):
+        simulate(g, Strategy.placement([0, 0, 0], [0, 2, 1]), cluster4, costs4)
+
+
+def test_non_sample_config_on_op_graph_is_refused(cluster4, costs4):
+    g = make_graph(2, [(0, 1)])
+    strat = Strategy.uniform_config(2, ParallelConfig.make({"sample": 2, "channel": 2}, range(4)))
+    with pytest.raises(StrategyError, match="split along \\['channel'\\]"):
+        simulate(g, strat, cluster4, costs4)
+
+
+def test_chrome_trace_has_one_event_per_compute_task(cluster4, costs4):
+    g = make_graph(3, [(0, 1), (1, 2)])
+    res = simulate(g, Strategy.placement([0, 1, 1]), cluster4, costs4)
+    tr = res.chrome_trace()
+    x = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    assert sum(e["pid"] == 0 for e in x) == 3
+    assert sum(e["pid"] == 1 for e in x) == 2  # one transfer over two switch links
+    assert all(e["dur"] >= 0 for e in x)
