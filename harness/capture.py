@@ -321,6 +321,8 @@ def capture(
     with torch.device("meta"):
         try:
             module = module_factory()
+        except CaptureError:
+            raise
         except Exception as e:  # noqa: BLE001 - report which model failed to build
             raise CaptureError(f"could not build model {name!r}: {type(e).__name__}: {e}") from e
     decompose = granularity == "core_aten"

@@ -35,6 +35,16 @@ def _plain(x: Any) -> Any:
     return x
 
 
+def _is_missing(module: Any) -> bool:
+    """True when the config leaves module._target_ as Hydra's mandatory ``???``."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        return isinstance(module, DictConfig) and OmegaConf.is_missing(module, "_target_")
+    except ImportError:  # pragma: no cover
+        return False
+
+
 class TorchModel:
     """A PyTorch model: the ``module`` config is instantiated on the ``meta`` device when captured."""
 
@@ -49,6 +59,8 @@ class TorchModel:
         **extra: Any,
     ) -> None:
         self.name = str(name)
+        if isinstance(module, Mapping) and str(module.get("_target_", "")) == "???" or _is_missing(module):
+            raise CaptureError(f"model {self.name!r}: set model.module._target_ to an nn.Module factory, e.g. model.module._target_=my_pkg.make_model")
         self.module_cfg = _plain(module)
         if not isinstance(self.module_cfg, Mapping) or "_target_" not in self.module_cfg:
             raise CaptureError(f"model {self.name!r}: `module` needs a _target_ naming an nn.Module factory")

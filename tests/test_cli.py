@@ -109,3 +109,13 @@ def test_same_config_same_result_bit_for_bit(tmp_path):
     keys = ("step_time_s", "lower_bound_s", "comm_bytes", "peak_memory_bytes", "device_busy_s")
     assert [rows[0][k] for k in keys] == [rows[1][k] for k in keys]
     assert (tmp_path / "0" / "strategy.json").read_text() == (tmp_path / "1" / "strategy.json").read_text()
+
+
+def test_custom_model_from_any_factory(tmp_path):
+    r = harness("model=custom", "model.module._target_=tests.test_capture.Tiny", "model.image_size=8", "model.target.high=10",
+                "model.batch_size=4", "algo=data_parallel", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads((tmp_path / "result.json").read_text())
+    assert row["model"] == "custom" and row["num_tasks"]["collective"] > 0
+    missing = harness("model=custom", f"hydra.run.dir={tmp_path / 'm'}")
+    assert missing.returncode != 0 and "model.module._target_" in missing.stderr
