@@ -20,6 +20,9 @@ import numpy as np
 from harness.cluster import Cluster
 from harness.strategy import Plan
 
+#: figures an algorithm may report in ``Plan.info`` that result.json carries at top level
+LIFTED_INFO_KEYS = ("objective_s", "search_complete", "search_budget_s", "samples")
+
 #: keys of result.json that later tools rely on (never rename or drop one)
 CONTRACT_KEYS = (
     "model", "cluster", "algo", "num_devices", "batch_size", "graph_nodes", "graph_edges", "search_seconds",
@@ -117,6 +120,7 @@ def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
         "devices_used": len(plan.strategy.devices_used()),
         "algo_params": _jsonable(algo.describe()),
         "algo_info": _jsonable(plan.info),
+        **{k: _jsonable(plan.info[k]) for k in LIFTED_INFO_KEYS if k in plan.info},
         "seed": int(cfg.seed),
         "versions": versions(),
         "git_sha": git_sha(),
