@@ -35,7 +35,6 @@ from harness.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, REPLICATED, UPDAT
 #: consumers that read only the shape of an input
 SHAPE_ONLY = {"ones_like", "zeros_like", "empty_like", "full_like", "new_zeros", "new_ones", "new_empty", "new_full", "sym_size", "sym_numel", "sym_stride"}
 #: ops that allocate without running a kernel
-TRACING_MODE = "fake"
 NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
 
@@ -210,7 +209,7 @@ def _trace(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: 
     xs, y = _example_inputs(inputs, target, batch)
     step = _make_step(module, loss, lr, optimizer, _Annotator(module))
     with fxt.preserve_node_meta():
-        gm = make_fx(step, tracing_mode=TRACING_MODE, decomposition_table=_decompositions(decompose))(params, buffers, xs, y)
+        gm = make_fx(step, tracing_mode="fake", decomposition_table=_decompositions(decompose))(params, buffers, xs, y)
     info = {"param_names": list(params), "buffer_names": list(buffers), "n_inputs": len(xs)}
     return gm, info
 
