@@ -91,6 +91,9 @@ def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
     source, cluster, costs, algo, sim = build(cfg)
     gcfg = _to_plain(cfg.get("graph", {})) or {}
     kind = getattr(algo, "graph_kind", "op")
+    if getattr(sim, "needs_fx", False):  # a backend that executes the graph (sim=realrun) needs its fx module
+        gcfg = {**gcfg, "keep_fx": True}
+        sim.bind(source, seed=int(cfg.seed), graph_cfg=gcfg)
     t0 = time.perf_counter()
     graph = source.op_graph(**gcfg) if kind == "op" else source.layer_graph()
     capture_s = time.perf_counter() - t0
@@ -121,6 +124,7 @@ def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
         "algo_params": _jsonable(algo.describe()),
         "algo_info": _jsonable(plan.info),
         **{k: _jsonable(plan.info[k]) for k in LIFTED_INFO_KEYS if k in plan.info},
+        **({"costs_report": _jsonable(costs.report())} if hasattr(costs, "report") else {}),
         "seed": int(cfg.seed),
         "versions": versions(),
         "git_sha": git_sha(),
@@ -167,6 +171,8 @@ def format_summary(row: dict[str, Any]) -> str:
         ("algorithm", row["algo"]),
         ("search time", format_seconds(row["search_seconds"])),
         ("step time", format_seconds(row["step_time_s"])),
+        *([("measured step", f"{format_seconds(row['measured_step_time_s'])} (real run, mean of {row.get('measured_steps')} steps)")]
+          if row.get("measured_step_time_s") is not None else []),
         ("lower bound", f"{format_seconds(row['lower_bound_s'])} (gap {100 * row.get('gap_to_bound', 0.0):.1f}%)"),
         ("OOM", oom),
         ("bytes moved", format_bytes(row["comm_bytes"]) + (

@@ -32,7 +32,7 @@ def plot_gantt(sim: SimResult, path: str | Path, max_links: int = 16, title: str
     scale, unit = (1e3, "ms") if sim.step_time_s < 10 else (1.0, "s")
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.35 * rows))
     comp = np.flatnonzero(tg.kind == COMPUTE)
-    phase = sim.graph.phase[tg.node[comp]]
+    phase = tg.phase[comp] if tg.phase is not None else sim.graph.phase[tg.node[comp]]
     for p, pname in enumerate(PHASES):
         sel = comp[phase == p]
         for d in range(D):

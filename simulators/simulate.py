@@ -12,6 +12,7 @@ import numpy as np
 from harness.cluster import Cluster
 from harness.costs import CostModel
 from harness.graph import PHASES, OpGraph
+from harness.layergraph import LayerGraph
 from harness.strategy import Strategy
 from simulators import engine
 from simulators.taskgraph import COLLECTIVE, COMPUTE, TASK_KINDS, TRANSFER, TaskGraph, _unique, build_taskgraph
@@ -42,6 +43,8 @@ class SimResult:
     timeline: engine.EngineResult = field(repr=False)
     graph: OpGraph = field(repr=False)
     cluster: Cluster = field(repr=False)
+    #: figures another backend adds to result.json (sim=realrun: measured_step_time_s, ...)
+    extras: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def gap(self) -> float:
@@ -63,11 +66,14 @@ class SimResult:
             "mem_capacity_bytes": self.mem_capacity_bytes,
             "device_busy_s": self.device_busy_s,
             "num_tasks": self.num_tasks,
+            **self.extras,
         }
 
     # ------------------------------------------------------------------ timeline export
     def task_label(self, t: int) -> str:
         tg = self.taskgraph
+        if tg.label is not None:
+            return tg.label[t]
         k = int(tg.kind[t])
         v = int(tg.node[t])
         if k == TRANSFER and tg.param[t] >= 0:
@@ -91,15 +97,16 @@ class SimResult:
         truncated = max_tasks is not None and len(order) > max_tasks
         if truncated:
             order = order[:max_tasks]
-        phase = self.graph.phase
+        phase = tg.phase if tg.phase is not None else self.graph.phase[np.maximum(tg.node, 0)]
+        targets = getattr(self.graph, "targets", None) or getattr(self.graph, "kinds", None)
         for t in order.tolist():
             k = int(tg.kind[t])
             ts, du = float(tl.start[t]) * 1e6, float(tl.end[t] - tl.start[t]) * 1e6
             v = int(tg.node[t])
             if k == COMPUTE:
                 events.append({
-                    "ph": "X", "name": self.task_label(t), "cat": PHASES[phase[v]], "pid": 0, "tid": int(tg.dev[t]),
-                    "ts": ts, "dur": du, "args": {"node": v, "target": self.graph.targets[v]},
+                    "ph": "X", "name": self.task_label(t), "cat": PHASES[phase[t]], "pid": 0, "tid": int(tg.dev[t]),
+                    "ts": ts, "dur": du, "args": {"node": v, "target": targets[v]},
                 })
             else:
                 for i in range(tg.res_ptr[t], tg.res_ptr[t + 1]):
@@ -113,10 +120,16 @@ class SimResult:
         Path(path).write_text(json.dumps(self.chrome_trace(max_tasks)))
 
 
-def simulate(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: CostModel, order: str = "strict") -> SimResult:
-    """Expand and run one training step (validates the strategy first)."""
+def simulate(graph: OpGraph | LayerGraph, strategy: Strategy, cluster: Cluster, costs: CostModel, order: str = "strict") -> SimResult:
+    """Expand and run one training step (validates the strategy first); a :class:`LayerGraph`
+    is expanded by :func:`simulators.layer_taskgraph.build_layer_taskgraph`."""
     strategy.validate(graph, cluster.num_devices)
-    tg = build_taskgraph(graph, strategy, cluster, costs)
+    if isinstance(graph, LayerGraph):
+        from simulators.layer_taskgraph import build_layer_taskgraph
+
+        tg = build_layer_taskgraph(graph, strategy, cluster, costs)
+    else:
+        tg = build_taskgraph(graph, strategy, cluster, costs)
     tl = engine.run(tg, cluster.num_devices, len(cluster.links), order)
     comp = tg.kind == COMPUTE
     total_work = float(tg.dur[comp].sum())

@@ -8,10 +8,11 @@ over the links of a ring).  The expansion happens in two stages:
    :class:`~harness.strategy.ParallelConfig` along the sample dimension is one shard per
    device, each doing ``1/k`` of the work when the op depends on the batch
    (``batched``/``partial``) or all of it when it does not (``replicated``).  An edge from a
-   ``partial`` producer (a weight gradient) to a consumer that needs the whole tensor
-   inserts one all-reduce among the producer's devices; that is where data parallelism's
-   gradient synchronisation comes from, without the simulator knowing what "data
-   parallel" is.
+   ``partial`` producer (a weight gradient) to a ``replicated`` consumer that needs the
+   whole sum (the optimizer update) inserts one all-reduce among the producer's devices;
+   a replica's partial read by the same replica (batch-norm statistics) stays local.  That
+   is where data parallelism's gradient synchronisation comes from, without the simulator
+   knowing what "data parallel" is.
 2. *Tasks* (vectorised): every shard becomes a compute task; every edge between shards on
    different devices becomes a transfer, cached per (producer shard, destination device) as
    in Baechi so a tensor crosses a link once however many consumers it has there; every
@@ -88,6 +89,10 @@ class TaskGraph:
     num_shards: int
     wire_bytes: np.ndarray  # bytes on the wire per task (a ring all-reduce moves 2(p-1)/p per member)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: optional per-task phase (harness.graph.PHASES index) and label, for graphs whose nodes
+    #: have no phase of their own (a layer graph's node runs forward and backward)
+    phase: np.ndarray | None = None
+    label: list[str] | None = None
 
     @property
     def num_tasks(self) -> int:
@@ -223,7 +228,10 @@ def _config_shards(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: 
                     if ov > 1e-12:
                         e_src.append(si), e_dst.append(sj), e_bytes.append(int(round(b * ov))), e_data.append(True)
             elif role[u] == PARTIAL and ku > 1:
-                if role[v] == PARTIAL and du == [s_dev[x] for x in sv]:
+                if role[v] != REPLICATED and du == [s_dev[x] for x in sv]:
+                    # a replica's partial result read by the same replica (a view of a weight
+                    # gradient, batch-norm statistics, the loss weight) stays local, as in DDP;
+                    # only a whole-tensor consumer (the optimizer update) needs the sum
                     e_src.append(su[j]), e_dst.append(sj), e_bytes.append(b), e_data.append(True)
                     continue
                 if u not in coll_of:

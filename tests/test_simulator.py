@@ -244,3 +244,12 @@ def test_chrome_trace_has_one_event_per_compute_task(cluster4, costs4):
     assert sum(e["pid"] == 0 for e in x) == 3
     assert sum(e["pid"] == 1 for e in x) == 2  # one transfer over two switch links
     assert all(e["dur"] >= 0 for e in x)
+
+
+def test_partial_read_by_its_own_replica_is_not_reduced(cluster4, costs4):
+    """Batch-norm statistics (partial) feeding the batched backward stay per replica, as in DDP."""
+    g = make_graph(3, [(0, 1), (1, 2), (0, 2)], [1e9, 1e6, 1e9], [4_000_000, 4_000, 4_000_000])
+    g.batch_role[:] = [BATCHED, PARTIAL, BATCHED]
+    strat = Strategy.uniform_config(3, ParallelConfig.make({"sample": 4}, range(4)))
+    res = simulate(g, strat, cluster4, costs4)
+    assert res.num_tasks["collective"] == 0 and res.comm_bytes == 0

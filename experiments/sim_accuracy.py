@@ -1,0 +1,213 @@
+"""Simulator accuracy on cpu2: simulated vs measured step time per strategy (OptCNN Table 4, Celeritas Table 5 style).
+
+For each small model the ops are first profiled on this CPU at one thread (the thread count
+of a cpu2 rank) at the batch sizes the strategies need (B and B/2), into the profile
+directory of cpu2's device kind.  Then, for each algorithm whose plan can run for real
+(operator placements and data parallelism on the captured graph), ``python -m harness
+cluster=cpu2 costs=profiled sim=realrun`` is run: the event simulator gives the simulated
+step time, the two pinned gloo ranks the measured one (5 warm-up steps, mean of the next
+50).  Reported per case: both times, the relative error (simulated / measured - 1), and
+the same for the analytical roofline (costs=analytical on the same plan) for comparison;
+overall the mean absolute error.  Goal: |error| <= 10% per case, mean <= 5%.
+
+Timing needs a quiet machine: the load average is recorded before and after the run.
+
+Outputs (``--out``, default results/sim_accuracy/): sim_accuracy.csv, sim_accuracy.png,
+README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from experiments.common import CONF, compose, print_table, results_dir, style
+
+#: small models whose step takes 10-100 ms on one core: name -> overrides of python -m harness
+MODELS: dict[str, list[str]] = {
+    "lenet5": ["model=lenet5", "model.batch_size=64"],
+    "alexnet_small": ["model=alexnet", "model.image_size=67", "model.batch_size=16", "+model.module.widths=[24,64,96,96,64]",
+                      "+model.module.fc_width=512", "model.module.num_classes=100", "model.target.high=100"],
+    "resnet_tiny": ["model=resnet50", "model.batch_size=16", "model.image_size=32", "+model.module.layers=[1,1,1,1]",
+                    "+model.module.width=16", "model.module.num_classes=10", "model.target.high=10"],
+    "transformer_tiny": ["model=transformer", "model.batch_size=16", "model.src_len=16", "model.tgt_len=16", "model.vocab=1000",
+                         "model.module.d_model=64", "model.module.num_heads=4", "model.module.d_ff=256",
+                         "model.module.num_encoder_layers=2", "model.module.num_decoder_layers=2"],
+}
+#: strategies compared (those present in conf/algo; a plan that cannot run for real is listed as refused)
+ALGOS = ["single_device", "data_parallel", "round_robin", "m_topo", "m_etf", "m_sct", "metis", "dfs_topo", "heft", "celeritas",
+         "order_place", "fddps"]
+QUICK = {"models": ["lenet5"], "algos": ["round_robin"], "steps": 3, "warmup": 1, "reps": 2}
+QUICK_MODEL = {"lenet5": ["model=lenet5", "model.batch_size=16"]}
+
+
+def _kind() -> str:
+    from hydra.utils import instantiate
+
+    return instantiate(compose(["cluster=cpu2"]).cluster, _convert_="all").devices[0].spec.kind
+
+
+def profile_models(models: list[str], overrides: dict[str, list[str]], profile_root: Path, kind: str, reps: int, warmup: int,
+                   mode: str = "isolated") -> None:
+    """Profile each model at B and B/2 on this CPU at one thread, filed under cpu2's device kind."""
+    from harness.profile import device_name, profile_dir_for, profile_model
+    from harness.run import build
+
+    here = device_name("cpu", 1)
+    if here != kind:
+        warnings.warn(f"this CPU profiles as {here!r} but cpu2's device kind is {kind!r}: run `python -m harness.calibrate --write` "
+                      "on this machine first; the profiles are filed under cpu2's kind anyway", stacklevel=2)
+    for m in tqdm(models, desc="profiling", unit="model"):
+        src = build(compose(overrides[m]))[0]
+        B = int(src.batch_size)
+        profile_model(src, device="cpu", batch_sizes=sorted({max(1, B // 2), B}), threads=1, warmup=warmup, reps=reps,
+                      out_dir=profile_dir_for(kind, profile_root), name=kind, progress=False, mode=mode)
+
+
+def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, steps: int, warmup: int) -> dict[str, Any]:
+    """One (model, algorithm) on cpu2: simulated (profiled and analytical costs) and measured."""
+    from harness.costs import AnalyticalCostModel
+    from harness.run import run
+    from simulators.realrun import RealRunError
+    from simulators.simulate import simulate
+
+    cfg = compose([*overrides, f"algo={algo}", "cluster=cpu2", "costs=profiled", f"costs.profile_dir={profile_root}", "sim=realrun",
+                   f"sim.steps={steps}", f"sim.warmup={warmup}", "output.gantt=false", "output.trace=false"])
+    row: dict[str, Any] = {"model": model, "algo": algo}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = run(cfg)
+    except RealRunError as e:
+        return {**row, "status": "refused", "note": str(e).splitlines()[0][:200]}
+    r = res.row
+    ana = simulate(res.plan.graph, res.plan.strategy, res.cluster, AnalyticalCostModel(res.cluster)).step_time_s
+    meas = float(r["measured_step_time_s"])
+    rep = r.get("costs_report", {})
+    return {
+        **row, "status": "ok", "mode": r["realrun"]["mode"], "batch": r["batch_size"], "nodes": r["plan_nodes"],
+        "devices_used": r["devices_used"], "simulated_s": r["step_time_s"], "measured_s": meas,
+        "measured_std_s": r["measured_step_time_std_s"], "error": r["step_time_s"] / meas - 1.0,
+        "analytical_s": ana, "analytical_error": ana / meas - 1.0, "fallback_nodes": rep.get("fallback_nodes", np.nan),
+        "sim_busy_s": r["device_busy_s"], "measured_busy_s": r["measured_rank_busy_s"], "comm_bytes": r["comm_bytes"],
+    }
+
+
+def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "sim_accuracy.csv", index=False)
+    ok = df[df["status"] == "ok"].copy()
+    style()
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6, 0.55 * len(ok) + 2), 6.5), sharex=True)
+    labels = [f"{m}\n{a}" for m, a in zip(ok["model"], ok["algo"])]
+    x = np.arange(len(ok))
+    ax1.bar(x - 0.2, ok["measured_s"] * 1e3, 0.4, label="measured", color="#4c72b0", edgecolor="black", hatch="//")
+    ax1.bar(x + 0.2, ok["simulated_s"] * 1e3, 0.4, label="simulated (profiled)", color="#dd8452", edgecolor="black", hatch="..")
+    ax1.set_ylabel("step time (ms)")
+    ax1.legend()
+    ax2.bar(x - 0.2, ok["error"] * 100, 0.4, label="profiled", color="#dd8452", edgecolor="black", hatch="..")
+    ax2.bar(x + 0.2, ok["analytical_error"] * 100, 0.4, label="analytical", color="#55a868", edgecolor="black", hatch="xx")
+    for y in (-10, 10):
+        ax2.axhline(y, color="black", linestyle=":", linewidth=0.8)
+    ax2.set_ylabel("simulated / measured - 1 (%)")
+    ax2.set_xticks(x, labels, rotation=70, fontsize=7)
+    ax2.legend()
+    fig.suptitle(f"simulator accuracy on cpu2 ({meta['cpu']}, 1 thread per rank)")
+    fig.tight_layout()
+    fig.savefig(out / "sim_accuracy.png")
+    plt.close(fig)
+    fmt = lambda s: f"{s * 1e3:.2f}"  # noqa: E731
+    pct = lambda e: f"{e * 100:+.1f}%"  # noqa: E731
+    lines = [
+        "# Simulator accuracy: simulated vs measured step time on cpu2",
+        "",
+        "Regenerate: `" + meta["command"] + "`",
+        "",
+        f"Two CPU devices of one core each ({meta['cpu']}, torch {meta['torch']}), gloo over loopback; costs=profiled from a",
+        f"profile of the same CPU at one thread ({meta['mode']} op timing); measured = mean of {meta['steps']} steps after {meta['warmup']} warm-up steps",
+        f"(sim=realrun). Load average before / after: {meta['load_before']} / {meta['load_after']} ({meta['date']}).",
+        "Error = simulated / measured - 1, in the style of OptCNN Table 4 and Celeritas Table 5.",
+        "",
+        "| model | strategy | mode | measured (ms) | simulated (ms) | error | analytical (ms) | error | fallback ops |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for _, r in ok.iterrows():
+        lines.append(f"| {r['model']} | {r['algo']} | {r['mode']} | {fmt(r['measured_s'])} ± {fmt(r['measured_std_s'])} | {fmt(r['simulated_s'])} | "
+                     f"{pct(r['error'])} | {fmt(r['analytical_s'])} | {pct(r['analytical_error'])} | {int(r['fallback_nodes'])} |")
+    if len(ok):
+        mae, worst = float(ok["error"].abs().mean()), float(ok["error"].abs().max())
+        within = int((ok["error"].abs() <= 0.10).sum())
+        lines += ["", f"Mean absolute error {mae * 100:.1f}% (goal <= 5%), worst {worst * 100:.1f}% (goal <= 10% per case), "
+                  f"{within} of {len(ok)} cases within 10%. Analytical roofline: mean absolute error "
+                  f"{float(ok['analytical_error'].abs().mean()) * 100:.1f}%."]
+    ref = df[df["status"] != "ok"]
+    if len(ref):
+        lines += ["", "Not executed (only simulated):", ""] + [f"* {r['model']} / {r['algo']}: {r['note']}" for _, r in ref.iterrows()]
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments sim_accuracy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="*", default=None, help=f"of {list(MODELS)} (default: all)")
+    ap.add_argument("--algos", nargs="*", default=None, help="algorithms (default: those of ALGOS present in conf/algo)")
+    ap.add_argument("--steps", type=int, default=50, help="measured steps per case (Celeritas: 50)")
+    ap.add_argument("--warmup", type=int, default=5, help="discarded steps per case (Celeritas: 5)")
+    ap.add_argument("--reps", type=int, default=10, help="profiler repetitions per op")
+    ap.add_argument("--profile-dir", default=None, help="profile root (default results/profiles; --quick: <out>/profiles)")
+    ap.add_argument("--no-profile", action="store_true", help="reuse the profiles already in the profile root")
+    ap.add_argument("--profile-mode", default="isolated", choices=["isolated", "in_situ"],
+                    help="isolated: each distinct op alone (the issue's profiler); in_situ: every op inside whole steps")
+    ap.add_argument("--out", default=None, help="output dir (default results/sim_accuracy)")
+    ap.add_argument("--quick", action="store_true", help="lenet5 (batch 16), round robin, 3 steps: checks the pipeline, not the accuracy")
+    a = ap.parse_args(argv)
+    import torch
+
+    overrides = dict(MODELS)
+    if a.quick:
+        overrides.update(QUICK_MODEL)
+        models, algos = QUICK["models"], QUICK["algos"]
+        a.steps, a.warmup, a.reps = QUICK["steps"], QUICK["warmup"], QUICK["reps"]
+    else:
+        models = a.models or list(MODELS)
+        present = {p.stem for p in (CONF / "algo").glob("*.yaml")}
+        algos = a.algos or [x for x in ALGOS if x in present]
+    unknown = [m for m in models if m not in overrides]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    out = Path(a.out) if a.out else results_dir("sim_accuracy")
+    root = Path(a.profile_dir) if a.profile_dir else (out / "profiles" if a.quick else CONF.parent / "results" / "profiles")
+    kind = _kind()
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    t0 = time.time()
+    if not a.no_profile:
+        profile_models(models, overrides, root, kind, a.reps, 1 if a.quick else 3, a.profile_mode)
+    rows = []
+    for m in models:
+        for algo in tqdm(algos, desc=f"{m}: real runs", unit="case"):
+            rows.append(run_case(m, overrides[m], algo, root, a.steps, a.warmup))
+    df = pd.DataFrame(rows)
+    from harness.profile import cpu_model
+
+    cmd = "python -m experiments sim_accuracy" + (" --quick" if a.quick else "") + (f" --profile-mode {a.profile_mode}" if a.profile_mode != "isolated" else "")
+    meta = {"cpu": cpu_model(), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup, "load_before": load_before, "mode": a.profile_mode,
+            "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()), "date": _dt.date.today().isoformat(), "command": cmd}
+    write_outputs(df, out, meta)
+    ok = df[df["status"] == "ok"]
+    if len(ok):
+        print_table(ok.assign(measured_ms=ok["measured_s"] * 1e3, simulated_ms=ok["simulated_s"] * 1e3, error_pct=ok["error"] * 100,
+                              analytical_pct=ok["analytical_error"] * 100).to_dict("records"),
+                    ["model", "algo", "mode", "measured_ms", "simulated_ms", "error_pct", "analytical_pct", "fallback_nodes"],
+                    title=f"simulated vs measured on cpu2 (mean |error| {ok['error'].abs().mean() * 100:.1f}%)")
+    print(f"wrote {out / 'sim_accuracy.csv'}, {out / 'sim_accuracy.png'}, {out / 'README.md'} in {time.time() - t0:.0f} s")
+    return 0

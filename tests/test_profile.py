@@ -1,0 +1,206 @@
+"""The operator profiler, the profiled cost model and the CPU calibration helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from harness.cluster import build_cluster
+from harness.costs import AnalyticalCostModel
+from harness.execgraph import ExecGraph, graph_fingerprint, initial_state
+from harness.models import TorchModel
+from harness.profile import COLUMNS, device_name, profile_model, signature, slug
+from harness.profiled import ProfiledCostModel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Tiny(nn.Module):
+    """conv, batch norm (mutates its buffers), two equal linear layers (a repeated signature)."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1)
+        self.bn = nn.BatchNorm2d(width)
+        self.fc1 = nn.Linear(width * 8 * 8, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.conv(x))).flatten(1)
+        return self.out(torch.tanh(self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(h)))))))
+
+
+def tiny(batch: int = 8, width: int = 4) -> TorchModel:
+    return TorchModel("tiny", {"_target_": "tests.test_profile.Tiny", "width": width}, batch, [{"shape": [3, 8, 8]}],
+                      {"shape": [], "dtype": "int64", "high": 10})
+
+
+KIND = device_name("cpu", 1)
+
+
+def cluster(kind: str = KIND):
+    return build_cluster("c", {"kind": kind, "peak_tflops": 0.05, "mem_bw_GBps": 5, "mem_GiB": 4}, gpus=2,
+                         intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 50})
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profiles")
+    files = profile_model(tiny(), batch_sizes=[4, 8], warmup=1, reps=2, out_dir=out, progress=False)
+    return out, files
+
+
+def test_profile_file_has_a_row_per_batch_and_node(profiled):
+    out, files = profiled
+    assert len(files) == 1 and files[0].suffix == ".parquet" and files[0].parent == out
+    df = pd.read_parquet(files[0])
+    assert list(df.columns) == COLUMNS
+    n = tiny().op_graph().num_nodes
+    assert len(df) == 2 * n and sorted(df["batch_size"].unique()) == [4, 8]
+    for b, part in df.groupby("batch_size"):
+        assert part["node"].tolist() == list(range(n))
+    kern = df[~df["free"]]
+    assert (kern["time_s"] > 0).all() and (kern["reps"] >= 1).all()
+    # environment: one device, one thread count, the CPU model, never a host name
+    assert df["device_name"].nunique() == 1 and df["device_name"].iloc[0] == KIND and (df["threads"] == 1).all()
+    assert df["torch_version"].iloc[0] == torch.__version__ and df["mem_kind"].iloc[0] == "cpu_output_bytes"
+    assert os.uname().nodename not in " ".join(df[["device_name", "cpu_model"]].iloc[0])
+    # the graph fingerprint does not depend on the batch size
+    assert df["graph_fp"].nunique() == 1 and df["graph_fp"].iloc[0] == graph_fingerprint(tiny(8).op_graph())
+
+
+def test_repeated_signatures_are_timed_once(profiled):
+    df = pd.read_parquet(profiled[1][0])
+    b8 = df[df["batch_size"] == 8].set_index("node")
+    dups = b8[b8["dedup_of"] >= 0]
+    assert len(dups) > 0  # fc2 and fc3 (and their backward) have one signature
+    for node, row in dups.iterrows():
+        first = b8.loc[row["dedup_of"]]
+        assert row["signature"] == first["signature"] and row["time_s"] == first["time_s"]
+    assert b8.loc[b8["dedup_of"] < 0, "signature"].is_unique
+
+
+def test_mutating_ops_are_timed_on_copies():
+    """BatchNorm's num_batches_tracked += 1 runs once for real, not once per repetition."""
+    src = tiny(4)
+    g = src.op_graph(keep_fx=True)
+    eg = ExecGraph.from_graph(g)
+    ph = initial_state(src, eg, 0)
+    j = next(k for k, p in enumerate(eg.placeholders) if p.name.endswith("num_batches_tracked"))
+    before = int(ph[j])
+    from harness.profile import _profile_graph
+
+    _profile_graph(eg, ph, torch.device("cpu"), warmup=2, reps=3, max_op_s=1.0, bar=None)
+    assert int(ph[j]) == before + 1
+
+
+def test_signature_names_shapes_strides_and_arguments():
+    a = torch.zeros(2, 3)
+    s1 = signature("aten.add.Tensor", (a, a.t().contiguous().t()), {})
+    s2 = signature("aten.add.Tensor", (a, a), {"alpha": 2})
+    assert "T(2, 3):float32:(3, 1)" in s1 and "(1, 2)" in s1 and "alpha=2" in s2 and s1 != s2
+
+
+def test_profiled_costs_interpolate_in_batch_size(profiled):
+    out, files = profiled
+    df = pd.read_parquet(files[0])
+    costs = ProfiledCostModel(cluster(), profiles={KIND: str(out)})
+    t = {b: df[df["batch_size"] == b].sort_values("node")["time_s"].to_numpy() for b in (4, 8)}
+    g8 = tiny(8).op_graph()
+    np.testing.assert_allclose(costs.node_times(g8, 0), np.maximum(t[8], costs._parts_for(g8, KIND).floor))
+    # half of batch 8 is batch 4; batch 6 is half-way
+    np.testing.assert_allclose(costs.node_times(g8, 1, 0.5), np.maximum(t[4], costs._parts_for(g8, KIND).floor))
+    g6 = tiny(6).op_graph()
+    mid = np.maximum((t[4] + t[8]) / 2, costs._parts_for(g6, KIND).floor)
+    np.testing.assert_allclose(costs.node_times(g6, 0), mid)
+    rep = costs.report()
+    assert rep["fallback_nodes"] == 0 and costs.fallback_count == 0
+    assert rep["by_kind"][KIND]["by_node"] == g6.num_nodes and rep["by_kind"][KIND]["profiled_batches"] == [4, 8]
+    # extrapolation below the profiled batches never goes under the floor
+    assert (costs.node_times(g8, 0, 0.125) >= costs._parts_for(g8, KIND).floor - 1e-15).all()
+    # transfers and all-reduce are the analytical (alpha-beta) ones
+    ana = AnalyticalCostModel(costs.cluster)
+    assert costs.transfer_time(1e6, 0, 1) == ana.transfer_time(1e6, 0, 1) and costs.allreduce_time(1e6, [0, 1]) == ana.allreduce_time(1e6, [0, 1])
+
+
+def test_unprofiled_ops_fall_back_and_are_counted(profiled):
+    out, _ = profiled
+    costs = ProfiledCostModel(cluster(), profiles={KIND: str(out)})
+    other = tiny(8, width=6).op_graph()  # another conv width: another fingerprint
+    t = costs.node_times(other, 0)
+    rep = costs.report()["by_kind"][KIND]
+    assert rep["by_node"] == 0 and rep["by_key"] > 0 and rep["fallback_nodes"] > 0 and costs.fallback_count == rep["fallback_nodes"]
+    assert "aten.convolution.default" in rep["fallback_targets"]
+    ana = AnalyticalCostModel(costs.cluster).node_times(other, 0)
+    fb = costs._parts_for(other, KIND).source == 2
+    np.testing.assert_allclose(t[fb], ana[fb])
+    # a device kind without profiles: everything falls back
+    bare = ProfiledCostModel(cluster("NoSuchDevice"), profile_dir=str(out))
+    np.testing.assert_allclose(bare.node_times(other, 0), AnalyticalCostModel(bare.cluster).node_times(other, 0))
+    assert bare.fallback_count == int((~other.free).sum())
+
+
+def test_free_ops_zero_and_layer_granularity(tmp_path):
+    files = profile_model(tiny(), batch_sizes=[4], warmup=0, reps=1, out_dir=tmp_path, granularity="layer", progress=False)
+    df = pd.read_parquet(files[0])
+    g = tiny(4).op_graph(granularity="layer")
+    assert len(df) == g.num_nodes and df["name"].tolist() == g.names
+    costs = ProfiledCostModel(cluster(), profiles={KIND: str(tmp_path)}, free_ops="zero")
+    t = costs.node_times(g, 0)
+    assert costs.report()["by_kind"][KIND]["by_node"] == g.num_nodes and (t[g.free] == 0).all() and (t[~g.free] > 0).all()
+
+
+def test_profiled_costs_plug_into_the_config(profiled):
+    from experiments.common import compose
+    from harness.run import build
+
+    out, _ = profiled
+    cfg = compose(["costs=profiled", f"costs.profile_dir={out.parent}", "cluster=cpu2", "model=lenet5"])
+    _, cl, costs, _, _ = build(cfg)
+    assert isinstance(costs, ProfiledCostModel) and costs.profile_path(cl.devices[0].spec.kind) == out.parent / slug(cl.devices[0].spec.kind)
+
+
+def test_profile_command(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "harness.profile", "model=lenet5", "batch_sizes=[2,4]", "reps=1", "warmup=0",
+                        f"out_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = list(tmp_path.glob("lenet5_aten_*.parquet"))
+    assert len(files) == 1 and "batch 4:" in r.stdout
+    assert sorted(pd.read_parquet(files[0])["batch_size"].unique()) == [2, 4]
+
+
+def test_calibration_yaml_builds_a_cluster():
+    from hydra.utils import instantiate
+
+    from harness.calibrate import cluster_yaml, device_yaml, gemm_flops
+
+    assert gemm_flops(1, n=64, reps=2) > 0
+    dev = yaml.safe_load(device_yaml(KIND, 5e10, 5e9, 4.0, 1, "today"))
+    clu = yaml.safe_load(cluster_yaml(50e-6, 1e9, 1, "today", {"65536": 3e-4}))
+    clu.pop("defaults")
+    c = instantiate({**clu, "device": dev})
+    assert c.num_devices == 2 and c.devices[0].spec.kind == KIND and abs(c.route_lat[0, 1] - 50e-6) < 1e-9
+    # the committed cpu2 preset composes
+    from experiments.common import compose
+
+    cfg = compose(["cluster=cpu2"])
+    assert instantiate(cfg.cluster, _convert_="all").num_devices == 2
+
+
+def test_in_situ_mode_times_every_node_inside_whole_steps(tmp_path):
+    files = profile_model(tiny(), batch_sizes=[4], warmup=1, reps=3, out_dir=tmp_path, mode="in_situ", progress=False)
+    df = pd.read_parquet(files[0])
+    assert (df["mode"] == "in_situ").all() and (df["reps"] == 3).all() and (df["dedup_of"] == -1).all()
+    assert (df.loc[~df["free"], "time_s"] > 0).all()

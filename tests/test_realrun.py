@@ -1,0 +1,301 @@
+"""sim=realrun on the CPU (2 gloo ranks): parallelizing never changes the maths.
+
+For every algorithm of conf/algo whose plan the real-run backend executes (an operator
+placement or data parallelism on the captured graph, or a layer-graph strategy that is pure
+data parallelism - OptCNN and PaSE choose one for the tiny ResNet), on small models, the
+loss, every gradient and every updated parameter of the first distributed step equal the
+single-process run of the same fx graph from the same initial state.  Plans that are only
+simulated (rewritten graphs, channel-parallel layers) are skipped with the refusal message.
+
+Tolerance: ``|got - ref| <= RTOL * |ref| + ATOL * max|ref|`` element-wise, RTOL = 1e-4,
+ATOL = 1e-5.  Both runs execute the same aten kernels on the same fp32 values; what may
+differ is the order of floating-point additions: a received tensor is contiguous where the
+sender's was a strided view (another kernel path), and data parallelism sums a gradient as
+two half-batch partial sums averaged by the all-reduce.  A reordered fp32 sum of n terms
+differs by about sqrt(n) * 2^-24 of the magnitude of its terms (n <= 1e4 here: ~1e-5), hence
+an absolute term relative to the tensor's scale (entries that cancel to ~0 carry the error
+of their terms) and a relative term two decades above fp32's epsilon.  Observed differences
+are 0 to 3e-6 relative.
+
+All cases of a module share one launch of the two ranks (``launch_many``): starting the
+processes costs more than running the steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.common import compose
+from harness.graph import OpGraph
+from harness.run import build
+from harness.strategy import ParallelConfig, Strategy
+from simulators.realrun import RealRun, RealRunError, launch_many, reference_outputs
+
+REPO = Path(__file__).resolve().parents[1]
+ALGOS = sorted(p.stem for p in (REPO / "conf" / "algo").glob("*.yaml"))
+RTOL, ATOL = 1e-4, 1e-5
+
+#: small models: (overrides, has batch statistics (BatchNorm))
+MODELS: dict[str, tuple[list[str], bool]] = {
+    "lenet5": (["model=lenet5", "model.batch_size=8"], False),
+    "resnet_tiny": (["model=resnet50", "model.batch_size=4", "model.image_size=32", "+model.module.layers=[1,1,1,1]",
+                     "+model.module.width=8", "model.module.num_classes=10", "model.target.high=10"], True),
+    "transformer_tiny": (["model=transformer", "model.batch_size=4", "model.src_len=8", "model.tgt_len=8", "model.vocab=50",
+                          "model.module.d_model=32", "model.module.num_heads=2", "model.module.d_ff=64",
+                          "model.module.num_encoder_layers=1", "model.module.num_decoder_layers=1"], False),
+}
+FAST = ["lenet5", "resnet_tiny"]
+SLOW = ["transformer_tiny"]
+
+
+def close(got: Any, ref: Any, what: str) -> None:
+    if ref is None:
+        assert got is None, f"{what}: expected None"
+        return
+    assert got is not None, f"{what}: missing from the distributed run"
+    got, ref = got.detach().float(), ref.detach().float()
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    err = (got - ref).abs()
+    bound = RTOL * ref.abs() + ATOL * scale
+    bad = err > bound
+    assert not bool(bad.any()), f"{what}: max |diff| {float(err.max()):.3g} (scale {scale:.3g}) beyond rtol {RTOL}, atol {ATOL} x scale"
+
+
+def _setup(model: str, algo: str, extra: list[str] | None = None) -> tuple[Any, Any, Any, Any, Any, Any]:
+    ov, _ = MODELS[model]
+    cfg = compose([*ov, f"algo={algo}", "cluster=cpu2", "sim=realrun", *(extra or [])])
+    return (*build(cfg), cfg)
+
+
+def _algorithm(name: str, base: Any) -> Any:
+    """An algorithm from its conf/algo file without composing the whole config again
+    (composition costs a second per call); files with a defaults list are composed."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(REPO / "conf" / "algo" / f"{name}.yaml")
+    if "defaults" in node:
+        return instantiate(compose([f"algo={name}"]).algo, seed=0, _convert_="all")
+    return instantiate(node, seed=0, _convert_="all")
+
+
+def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
+    """Plan every (model, algo), launch all executable cases together, return outcomes or skip reasons."""
+    torch.set_num_threads(1)
+    cases: dict[tuple[str, str], Any] = {}
+    jobs, keys = [], []
+    for m in models:
+        for gran in ("aten", "layer"):
+            src, cluster, costs, _, sim, cfg = _setup(m, "single_device", [f"graph.granularity={gran}", "sim.warmup=1", "sim.steps=1"])
+            gcfg = {"granularity": gran, "optimizer": "sgd", "batch_probe": True}
+            g = src.op_graph(**gcfg, keep_fx=True)
+            sim.bind(src, 0, gcfg)
+            for algo_name in (ALGOS if gran == "aten" else ["round_robin"]):
+                a = algo_name if gran == "aten" else f"{algo_name}@layer"
+                algo = _algorithm(algo_name, cfg)
+                layer_kind = getattr(algo, "graph_kind", "op") != "op"
+                if layer_kind and gran != "aten":
+                    continue
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    plan = algo.plan(src.layer_graph() if layer_kind else g, cluster, costs)
+                try:
+                    job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices, collect=True)
+                except RealRunError as e:  # a rewritten graph (FD-DPS splits), channel-parallel layers: only simulated
+                    cases[(m, a)] = f"{algo_name}: refused by sim=realrun: {e}"
+                    continue
+                dp = job.mode == "data_parallel"
+                cases[(m, a)] = {"src": src, "mode": job.mode, "k": len(job.dp_devices) if dp else 1, "gran": gran,
+                                 "sends": sum(p.sends for p in job.programs)}
+                jobs.append(job)
+                keys.append((m, a))
+        # a layer-graph (OptCNN-space) strategy: data parallelism on every layer
+        src, cluster, costs, _, sim, cfg = _setup(m, "data_parallel", ["algo.graph=layer", "sim.warmup=1", "sim.steps=1"])
+        lg = src.layer_graph()
+        plan = _algorithm("data_parallel", cfg).__class__(graph="layer").plan(lg, cluster, costs)
+        sim.bind(src, 0, {"granularity": "aten", "optimizer": "sgd", "batch_probe": True})
+        job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices, collect=True)
+        cases[(m, "data_parallel@layergraph")] = {"src": src, "mode": job.mode, "k": len(job.dp_devices), "gran": "layer graph", "sends": 0}
+        jobs.append(job)
+        keys.append((m, "data_parallel@layergraph"))
+    for key, measured in zip(keys, launch_many(jobs)):
+        cases[key]["measured"] = measured
+    refs: dict[tuple[str, int], Any] = {}
+    for key in keys:
+        c = cases[key]
+        rk = (key[0], c["k"])
+        if rk not in refs:
+            refs[rk] = reference_outputs(c["src"], seed=0, shards=c["k"])
+        c["ref"] = refs[rk]
+        if c["k"] > 1 and not MODELS[key[0]][1]:
+            full = (key[0], 1)
+            if full not in refs:
+                refs[full] = reference_outputs(c["src"], seed=0, shards=1)
+            c["full"] = refs[full]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def fast_cases() -> dict[tuple[str, str], Any]:
+    return _run_cases(FAST)
+
+
+@pytest.fixture(scope="module")
+def slow_cases() -> dict[tuple[str, str], Any]:
+    return _run_cases(SLOW)
+
+
+def _check(case: Any, model: str, algo: str) -> None:
+    if isinstance(case, str):
+        pytest.skip(case)
+    out = case["measured"].outputs()
+    for ref_key in ("ref", "full"):
+        ref = case.get(ref_key)
+        if ref is None:
+            continue
+        tag = f"{model}/{algo} vs {'the data-parallel shards' if ref_key == 'ref' and case['k'] > 1 else 'the single-process run'}"
+        close(out.get("loss"), ref["loss"], f"{tag}: loss")
+        for j, g in enumerate(ref["grads"]):
+            close(out.get(f"grad{j}"), g, f"{tag}: gradient {j}")
+        for j, p in enumerate(ref["new_params"]):
+            close(out.get(f"new{j}"), p, f"{tag}: updated parameter {j}")
+    assert case["measured"].step_time_s > 0
+
+
+@pytest.mark.parametrize("algo", ALGOS + ["round_robin@layer", "data_parallel@layergraph"])
+@pytest.mark.parametrize("model", FAST)
+def test_distributed_step_equals_single_process(fast_cases, model, algo):
+    _check(fast_cases[(model, algo)], model, algo)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ALGOS + ["round_robin@layer", "data_parallel@layergraph"])
+@pytest.mark.parametrize("model", SLOW)
+def test_distributed_step_equals_single_process_slow(slow_cases, model, algo):
+    _check(slow_cases[(model, algo)], model, algo)
+
+
+def test_placements_really_exchange_tensors(fast_cases):
+    c = fast_cases[("lenet5", "round_robin")]
+    assert c["mode"] == "placement" and c["sends"] > 10
+    m = c["measured"]
+    assert m.world == 2 and m.cores == [[0], [1]] or m.oversubscribed
+    assert len(m.step_s) == 1 and all(b > 0 for b in m.rank_busy_s)
+    dp = fast_cases[("lenet5", "data_parallel")]
+    assert dp["mode"] == "data_parallel" and dp["k"] == 2
+
+
+# ---------------------------------------------------------------------------- refusals (no processes)
+def _lenet() -> tuple[Any, Any, OpGraph, RealRun]:
+    src, cluster, costs, algo, sim, cfg = _setup("lenet5", "single_device")
+    g = src.op_graph(keep_fx=True)
+    sim.bind(src, 0, {"granularity": "aten"})
+    return src, cluster, g, sim
+
+
+def test_refuses_mixed_and_non_sample_configs():
+    src, cluster, g, sim = _lenet()
+    n = g.num_nodes
+    mixed = Strategy(np.zeros(n), np.arange(n), np.r_[np.zeros(n - 1), -1], [ParallelConfig.make({"sample": 2}, [0, 1])])
+    with pytest.raises(RealRunError, match="mix of placement and configs"):
+        sim.prepare(g, mixed, 2)
+    chan = Strategy.uniform_config(n, ParallelConfig.make({"sample": 1, "channel": 2}, [0, 1]))
+    with pytest.raises(RealRunError, match=r"split along \['channel'\].*only simulated"):
+        sim.prepare(g, chan, 2)
+
+
+def test_refuses_channel_parallel_layer_strategies():
+    """OWT (channel-parallel fully-connected layers) is simulated only; the message says so."""
+    from algorithms.layer_fixed import OWT
+
+    src, cluster, costs, algo, sim, cfg = _setup("lenet5", "single_device")
+    lg = src.layer_graph()
+    plan = OWT().plan(lg, cluster, costs)
+    sim.bind(src, 0, {"granularity": "aten"})
+    with pytest.raises(RealRunError, match=r"channel.*only pure data parallelism runs for real"):
+        sim.prepare(plan.graph, plan.strategy, 2)
+
+
+def test_refuses_rewritten_graphs_and_sources_without_a_module(tmp_path):
+    from harness.capture import coarsen_runs
+
+    src, cluster, g, sim = _lenet()
+    # a copy of the captured graph without its fx module (saved and loaded) is the same graph: it runs
+    g.save(tmp_path / "g.json")
+    loaded = OpGraph.load(tmp_path / "g.json")
+    assert sim.prepare(loaded, Strategy.placement(np.arange(loaded.num_nodes) % 2), 2).mode == "placement"
+    # a rewritten graph (here contracted, as Celeritas does) is not
+    coarse = coarsen_runs(g)
+    coarse.meta["granularity"] = "aten"
+    with pytest.raises(RealRunError, match="rewritten by the algorithm"):
+        sim.prepare(coarse, Strategy.placement(np.zeros(coarse.num_nodes)), 2)
+    bare = RealRun()
+    with pytest.raises(RealRunError, match="needs a PyTorch model source"):
+        bare.prepare(g, Strategy.placement(np.zeros(g.num_nodes)), 2)
+    from harness.models import SyntheticGraph
+
+    bare.bind(SyntheticGraph(nodes=10))
+    with pytest.raises(RealRunError, match="SyntheticGraph"):
+        bare.prepare(g, Strategy.placement(np.zeros(g.num_nodes)), 2)
+
+
+def test_refuses_data_parallel_on_an_indivisible_batch():
+    src, cluster, costs, algo, sim, cfg = _setup("lenet5", "data_parallel", ["model.batch_size=7"])
+    g = src.op_graph(keep_fx=True)
+    sim.bind(src, 0, {"granularity": "aten"})
+    with pytest.raises(RealRunError, match="divisible by 2"):
+        sim.prepare(g, algo.plan(g, cluster, costs).strategy, 2)
+
+
+# ---------------------------------------------------------------------------- end to end
+def test_run_adds_the_measured_step_time(tmp_path):
+    """harness.run with sim=realrun: the event simulator's step_time_s and the measured one."""
+    from harness.run import format_summary, run, write_outputs
+
+    cfg = compose([*MODELS["lenet5"][0], "algo=m_topo", "cluster=cpu2", "sim=realrun", "sim.warmup=1", "sim.steps=3",
+                   "costs=profiled", f"costs.profile_dir={tmp_path / 'none'}", "output.gantt=false"])
+    res = run(cfg)
+    row = res.row
+    assert row["step_time_s"] > 0 and row["measured_step_time_s"] > 0 and row["measured_steps"] == 3
+    assert len(row["measured_rank_step_s"]) == 2 and row["realrun"]["backend"] == "gloo" and row["realrun"]["mode"] == "placement"
+    # no profile in that directory: every kernel fell back to the analytical model, and the row says so
+    assert row["costs_report"]["fallback_nodes"] == int((~res.plan.graph.free).sum()) > 0
+    write_outputs(res, tmp_path, cfg)
+    assert json.loads((tmp_path / "result.json").read_text())["measured_step_time_s"] == row["measured_step_time_s"]
+    assert "measured step" in format_summary(row)
+
+
+@pytest.mark.slow
+def test_cli_adds_the_measured_step_time(tmp_path):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "harness", "model=lenet5", "model.batch_size=8", "algo=round_robin", "cluster=cpu2",
+                        "sim=realrun", "sim.warmup=1", "sim.steps=3", "output.gantt=false", f"hydra.run.dir={tmp_path}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads((tmp_path / "result.json").read_text())
+    assert row["step_time_s"] > 0 and row["measured_step_time_s"] > 0 and row["measured_steps"] == 3
+    assert len(row["measured_rank_step_s"]) == 2 and row["realrun"]["backend"] == "gloo"
+    assert "measured step" in r.stdout
+
+
+@pytest.mark.slow
+def test_torchrun_launcher(tmp_path):
+    src, cluster, costs, algo, sim, cfg = _setup("lenet5", "round_robin", ["sim.launcher=torchrun", "sim.warmup=1", "sim.steps=2"])
+    g = src.op_graph(keep_fx=True)
+    sim.bind(src, 0, {"granularity": "aten"})
+    plan = algo.plan(g, cluster, costs)
+    m = sim.execute(plan.graph, plan.strategy, 2, collect=True)
+    assert m.launcher == "torchrun" and m.step_time_s > 0
+    ref = reference_outputs(src)
+    close(m.outputs()["loss"], ref["loss"], "loss")
