@@ -3,6 +3,8 @@
 ``data_parallel`` is the DP column of FD-DPS Table 5 and OptCNN Fig. 7: every operator is
 split along the sample dimension over all devices, and the simulator inserts the gradient
 all-reduce where a weight gradient (a partial sum) meets the optimizer update.
+With ``graph: layer`` the same strategy (sample degree N on every layer) is made for the
+layer graph (OptCNN's DP baseline); its Eq. 1 objective is then reported too.
 """
 
 from __future__ import annotations
@@ -30,16 +32,29 @@ class SingleDevice(Algorithm):
 
 
 class DataParallel(Algorithm):
-    """Sample-dimension degree N on every node over ``devices`` (default: all)."""
+    """Sample-dimension degree N on every node over ``devices`` (default: all).
 
-    def __init__(self, name: str = "data_parallel", devices: int | None = None, **kw: Any) -> None:
-        super().__init__(name, devices=devices, **kw)
+    ``graph``: ``op`` (the operator graph, default) or ``layer`` (the layer graph: the same
+    strategy, with its OptCNN Eq. 1 / PaSE objective in ``Plan.info``).
+    """
+
+    def __init__(self, name: str = "data_parallel", devices: int | None = None, graph: str = "op", **kw: Any) -> None:
+        if graph not in ("op", "layer"):
+            raise ValueError(f"data_parallel: graph must be 'op' or 'layer', got {graph!r}")
+        super().__init__(name, devices=devices, graph=graph, **kw)
         self.devices = devices
+        self.graph_kind = graph
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         k = cluster.num_devices if self.devices is None else int(self.devices)
         cfg = ParallelConfig.make({"sample": k}, range(k))
-        return Plan(graph, Strategy.uniform_config(graph.num_nodes, cfg))
+        strategy = Strategy.uniform_config(graph.num_nodes, cfg)
+        if self.graph_kind == "op":
+            return Plan(graph, strategy)
+        from algorithms.layer_costs import evaluate
+
+        info = {**evaluate(graph, strategy, cluster, costs), "search_complete": True}
+        return Plan(graph, strategy, info=info)
 
 
 class RoundRobin(Algorithm):

@@ -10,24 +10,40 @@ behind the same interface.
 * gradient synchronisation: ring all-reduce ``2(p-1)/p * bytes / B + 2(p-1) * alpha``
   (B, alpha: the slowest hop of the ring), or a parameter server on the group's first
   device: ``2 * ((p-1) * bytes / B_ps + alpha)`` (OptCNN's t_S).
+* layer shards (:meth:`AnalyticalCostModel.layer_times`, the layer graph's OptCNN t_C split
+  into forward and backward): the same roofline on a layer's ``flops_fwd`` / ``flops_bwd`` and
+  its memory traffic (``io_bytes`` forward, twice that backward), scaled by the shard's
+  fraction of the iteration domain; inputs and views cost nothing.
 """
 
 from __future__ import annotations
 
 import re
 import weakref
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from harness.cluster import Cluster
 from harness.graph import UPDATE, OpGraph
 
+if TYPE_CHECKING:
+    from harness.layergraph import LayerGraph
+
 #: op classes of the roofline, matched against the aten target in this order
 OP_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("conv", re.compile(r"^aten\.(convolution|_convolution|convolution_backward|cudnn_convolution|conv\w*)\b")),
     ("gemm", re.compile(r"^aten\.(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_dot_product\w*)\b")),
 )
+
+
+#: roofline class of a layer graph kind (the rest are ``other``)
+LAYER_CLASSES: dict[str, str] = {
+    "conv1d": "conv", "conv2d": "conv", "conv3d": "conv",
+    "linear": "gemm", "matmul": "gemm", "lstm": "gemm", "gru": "gemm", "rnn": "gemm",
+}
+#: layer kinds that run no kernel (an input is written by the data loader; a view aliases)
+FREE_LAYER_KINDS = frozenset({"input", "view"})
 
 
 def op_class(target: str) -> str:
@@ -62,6 +78,13 @@ class CostModel(Protocol):
 
     def memory(self, graph: OpGraph) -> np.ndarray:
         """Bytes each node adds to its device's memory (output plus parameters it owns)."""
+        ...
+
+    def layer_times(self, lgraph: "LayerGraph", device: int, fraction: float | np.ndarray = 1.0,
+                    nodes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) seconds of a shard doing ``fraction`` of each layer on ``device``
+        (OptCNN's t_C = forward + backward); for ``nodes`` only when given (``fraction`` then
+        one value per entry)."""
         ...
 
 
@@ -132,6 +155,33 @@ class AnalyticalCostModel:
     # -- memory
     def memory(self, graph: OpGraph) -> np.ndarray:
         return node_memory(graph)
+
+    # -- layer graph shards (OptCNN t_C)
+    def _layer_parts(self, lgraph: "LayerGraph", device: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward scaled, backward scaled, fixed) seconds per layer on a device kind."""
+        spec = self.cluster.devices[device].spec
+        cache = getattr(self, "_lparts", None)
+        if cache is None:
+            cache = self._lparts = weakref.WeakKeyDictionary()
+        per_graph = cache.setdefault(lgraph, {})
+        if spec.kind not in per_graph:
+            dtype = str(lgraph.meta.get("dtype", "float32"))
+            eff = np.array([self.efficiency.get(LAYER_CLASSES.get(k, "other"), self.efficiency["other"]) for k in lgraph.kinds])
+            free = np.array([k in FREE_LAYER_KINDS for k in lgraph.kinds], dtype=bool)
+            peak = spec.peak(dtype) * eff
+            mem = spec.mem_bw * self.mem_efficiency
+            io = lgraph.io_bytes.astype(np.float64)
+            fwd = np.where(free, 0.0, np.maximum(lgraph.flops_fwd / peak, io / mem))
+            bwd = np.where(free, 0.0, np.maximum(lgraph.flops_bwd / peak, 2.0 * io / mem))
+            per_graph[spec.kind] = (fwd, bwd, np.where(free, 0.0, self.launch))
+        return per_graph[spec.kind]
+
+    def layer_times(self, lgraph: "LayerGraph", device: int, fraction: float | np.ndarray = 1.0,
+                    nodes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        fwd, bwd, fixed = self._layer_parts(lgraph, device)
+        if nodes is not None:
+            fwd, bwd, fixed = fwd[nodes], bwd[nodes], fixed[nodes]
+        return fwd * fraction + fixed, bwd * fraction + fixed
 
 
 def node_memory(graph: OpGraph) -> np.ndarray:

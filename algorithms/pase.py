@@ -1,0 +1,226 @@
+"""PaSE (Elango, "Efficient parallelization strategy search", vertex elimination): an optimal
+strategy under t_V + t_E on any DAG, by dynamic programming over a vertex elimination order.
+
+Alg. 1 processes the vertex v with the fewest unprocessed neighbours (line 18); for every
+combination of its neighbours' configurations it keeps only v's best configuration (lines
+20-25); its neighbours' tables are restricted to what stays consistent with v's (line 30),
+and at the end the tables are joined into the valid strategies (Alg. 3) and the cheapest is
+taken (line 37). Thm. 1: no optimal strategy is lost.
+
+Our reading, and how the public code (baidu-research/PaSE, ``scheduler.py``) computes it:
+each vertex's table is a *factor*, a cost array over the configurations of the vertices it
+mentions. Processing v joins every factor that mentions v (a relational join on the shared
+vertices, here a numpy broadcast sum), adds v's t_V and its edges' t_E, and minimises over
+v's configuration for each combination of the others: the result is a new factor over v's
+unprocessed neighbours (v's "best sub-strategies", line 25). The vertices of the
+new factor become neighbours of each other (the public code's ``SortNodes`` merges the
+neighbour sets of a processed vertex into its neighbours' in the same way), so "fewest
+unprocessed neighbours" is counted in that graph. The final join of Alg. 3 is the
+back-substitution: vertices are assigned in reverse processing order, each to its best
+configuration given its already assigned neighbours, recomputed from the factors it joined
+(one slice each, instead of an argmin table over every combination; the first minimiser wins
+a tie). Ties between vertices with as many unprocessed neighbours are broken by the size of
+the table processing them would build, then by vertex id.
+
+Memory stays bounded: a join larger than ``block_entries`` is computed in slices of v's
+configurations with a running minimum, so only the new factor and one slice are resident
+(the factors a vertex joined are kept for its back-substitution);
+a factor over more than ``max_entries`` combinations stops the search with an error naming
+the vertex. ``largest_table`` reports the largest join (PaSE prints these table sizes).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from algorithms.layer_costs import LayerCostTables, LayerSearch
+from harness.cluster import Cluster
+from harness.layergraph import LayerGraph
+from harness.strategy import Plan
+
+
+class TableTooLarge(MemoryError):
+    """A vertex elimination would build a factor larger than the configured maximum."""
+
+
+def vertex_elimination(tables: LayerCostTables, max_entries: int = 1 << 28, block_entries: int = 1 << 23,
+                       progress: bool = False, dtype: Any = np.float64) -> tuple[np.ndarray, float, dict[str, Any]]:
+    """Alg. 1-3 on precomputed cost tables: ``(config index per node, optimal cost, statistics)``.
+
+    ``dtype`` of the joins: float64 (exact up to float64 rounding; the default) or float32
+    (half the memory traffic; ties closer than ~1e-7 relative may then be broken differently).
+    """
+    n = tables.num_nodes
+    C = tables.num_configs.tolist()
+    names = tables.lgraph.names
+    factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+    by_scope: dict[tuple[int, ...], int] = {}
+    var_factors: list[set[int]] = [set() for _ in range(n)]
+    nbrs: list[set[int]] = [set() for _ in range(n)]
+    next_id = 0
+
+    def add(scope: tuple[int, ...], arr: np.ndarray) -> None:
+        nonlocal next_id
+        fid = by_scope.get(scope)
+        if fid is not None:
+            factors[fid] = (scope, factors[fid][1] + arr)
+            return
+        fid = next_id
+        next_id += 1
+        factors[fid] = (scope, arr)
+        by_scope[scope] = fid
+        for x in scope:
+            var_factors[x].add(fid)
+
+    for v in range(n):
+        add((v,), tables.node_cost[v].astype(np.float64))
+    for (u, v), m in tables.merged_edges().items():
+        add((u, v), m.astype(np.float64))  # node ids are topological: u < v
+        nbrs[u].add(v)
+        nbrs[v].add(u)
+
+    def key(v: int) -> tuple[int, int, int]:
+        joint = C[v]
+        for x in nbrs[v]:
+            joint *= C[x]
+        return (len(nbrs[v]), joint, v)
+
+    heap = [key(v) for v in range(n)]
+    heapq.heapify(heap)
+    done = np.zeros(n, dtype=bool)
+    history: list[tuple[int, tuple[int, ...], list[tuple[tuple[int, ...], np.ndarray]]]] = []
+    constant = 0.0
+    largest_join = largest_factor = 0
+    largest_at = ""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, desc=f"PaSE vertex elimination ({tables.lgraph.meta.get('model', '?')})", unit="vertex", leave=False)
+    while heap:
+        k = heapq.heappop(heap)
+        v = k[2]
+        if done[v] or k != key(v):
+            continue
+        S = tuple(sorted(nbrs[v]))
+        size_s = math.prod(C[x] for x in S)
+        if size_s > max_entries:
+            raise TableTooLarge(
+                f"processing layer {names[v]} would build a table over {len(S)} neighbours "
+                f"({', '.join(names[x] for x in S[:6])}{'...' if len(S) > 6 else ''}) with {size_s:.3g} entries, "
+                f"more than max_entries={max_entries}; reduce the devices or the space (cutoff, product)")
+        joint = size_s * C[v]
+        if joint > largest_join:
+            largest_join, largest_at = joint, names[v]
+        largest_factor = max(largest_factor, size_s)
+        fids = sorted(var_factors[v])
+        parts = [factors[f] for f in fids]
+        val = _min_sum(parts, S, v, C, block_entries, dtype)
+        history.append((v, S, parts))
+        for f in fids:
+            scope, _ = factors.pop(f)
+            del by_scope[scope]
+            for x in scope:
+                var_factors[x].discard(f)
+        if S:
+            add(S, val)
+        else:
+            constant += float(val)
+        done[v] = True
+        for x in S:
+            nbrs[x].discard(v)
+            nbrs[x].update(y for y in S if y != x)
+        for x in S:
+            heapq.heappush(heap, key(x))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    idx = np.zeros(n, dtype=np.int64)
+    for v, S, parts in reversed(history):
+        idx[v] = _best_config(v, parts, idx)
+    stats = {"largest_table": int(largest_join), "largest_table_at": largest_at, "largest_factor": int(largest_factor)}
+    return idx, constant, stats
+
+
+def _min_sum(parts: list[tuple[tuple[int, ...], np.ndarray]], S: tuple[int, ...], v: int, C: list[int],
+             block_entries: int, dtype: Any = np.float64) -> np.ndarray:
+    """Join the factors ``parts`` (all mentioning v) and minimise over v: the new factor over S.
+
+    The join is laid out v-first, ``[C_v, *C_S]``, and built in slices of v's configurations
+    holding at most ``block_entries`` entries, with a running minimum across slices. Within a
+    slice the smaller factors are summed first (broadcasting to their union only), so the full
+    slice is written once and read once. The minimising configuration of v is not tabulated:
+    :func:`_best_config` recomputes it for the one combination of S that back-substitution needs.
+    """
+    axes = [v] + list(S)
+    pos = {x: i for i, x in enumerate(axes)}
+    shape_s = [C[x] for x in S]
+    aligned = []
+    for scope, arr in parts:
+        a = np.moveaxis(arr, scope.index(v), 0)
+        order = [v] + [x for x in scope if x != v]
+        shp = [1] * len(axes)
+        for x in order:
+            shp[pos[x]] = C[x]
+        aligned.append(a.reshape(shp).astype(dtype, copy=False))
+    aligned.sort(key=lambda a: a.size)
+    cv = C[v]
+    size_s = math.prod(shape_s)
+    blk = max(1, min(cv, block_entries // max(1, size_s)))
+    buf = np.empty([blk] + shape_s, dtype=dtype)
+    best = None
+    for c0 in range(0, cv, blk):
+        w = min(blk, cv - c0)
+        b = buf[:w]
+        if len(aligned) == 1:
+            np.copyto(b, aligned[0][c0:c0 + w])
+        else:
+            small = aligned[0][c0:c0 + w]
+            for a in aligned[1:-1]:
+                small = small + a[c0:c0 + w]
+            np.add(aligned[-1][c0:c0 + w], small, out=b)
+        m = b[0] if w == 1 else b.min(axis=0)
+        if best is None:
+            best = np.array(m, dtype=dtype, copy=True)
+        else:
+            np.minimum(best, m, out=best)
+    assert best is not None
+    return best.astype(np.float64, copy=False)
+
+
+def _best_config(v: int, parts: list[tuple[tuple[int, ...], np.ndarray]], idx: np.ndarray) -> int:
+    """v's best configuration given its neighbours' (Alg. 1 line 25 for one combination): the
+    first minimiser of the joined factors' slice, in float64."""
+    vec = None
+    for scope, arr in parts:
+        row = arr[tuple(slice(None) if x == v else int(idx[x]) for x in scope)]
+        vec = row.astype(np.float64) if vec is None else vec + row
+    assert vec is not None
+    return int(np.argmin(vec))
+
+
+class PaSE(LayerSearch):
+    """PaSE's vertex elimination (Alg. 1-3) with numpy table joins."""
+
+    def __init__(self, name: str = "pase", max_entries: int = 1 << 28, block_entries: int = 1 << 23,
+                 dtype: str = "float64", **kw: Any) -> None:
+        if dtype not in ("float64", "float32"):
+            raise ValueError(f"pase: dtype must be float64 or float32, got {dtype!r}")
+        super().__init__(name, max_entries=max_entries, block_entries=block_entries, dtype=dtype, **kw)
+        self.max_entries = int(max_entries)
+        self.block_entries = int(block_entries)
+        self.dtype = np.dtype(dtype)
+
+    def plan(self, graph: LayerGraph, cluster: Cluster, costs: Any) -> Plan:
+        tables = self.tables(graph, cluster, costs)
+        t0 = time.perf_counter()
+        idx, _, stats = vertex_elimination(tables, self.max_entries, self.block_entries, self.progress, self.dtype)
+        search_s = time.perf_counter() - t0
+        info = self.info(tables, idx, search_s, True, **stats)
+        return Plan(graph, tables.strategy(idx, algo=self.name), info=info)

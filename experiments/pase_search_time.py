@@ -1,0 +1,116 @@
+"""PaSE: search time against the number of processors p, with FlexFlow's MCMC beside it (costs=pase)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from experiments._layerwise import RNNLM_LSTM, parametric, problem, run, write_readme
+from experiments.common import print_table, results_dir, style
+
+MODELS = ("alexnet", "inception_v3", "transformer", "rnnlm")
+PS = (4, 8, 16, 32, 64)
+#: search times the issue quotes from the PaSE paper (p = 64)
+PAPER_PASE = {("inception_v3", 64): "196 s", ("transformer", 64): "31 min"}
+PAPER_FLEXFLOW = {("inception_v3", 64): "37 min"}
+
+
+def model_overrides(model: str) -> tuple[str, list[str]]:
+    """(conf model, overrides): ``rnnlm`` is PaSE's RNNLM graph (one LSTM operator),
+    ``rnnlm_unrolled`` our zoo's per-step cells."""
+    if model == "rnnlm":
+        return "rnnlm", list(RNNLM_LSTM)
+    if model == "rnnlm_unrolled":
+        return "rnnlm", []
+    return model, []
+
+
+def strategy_path(out: Path, model: str, p: int) -> Path:
+    return out / "strategies" / f"{model}_p{p}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments pase_search_time", description=__doc__)
+    ap.add_argument("--models", nargs="*", default=list(MODELS),
+                    help="rnnlm is PaSE's graph (one LSTM op); rnnlm_unrolled our zoo's per-step cells")
+    ap.add_argument("--ps", nargs="*", type=int, default=list(PS))
+    ap.add_argument("--mcmc-iterations", type=int, default=20000)
+    ap.add_argument("--mcmc-budget", type=float, default=60.0, help="wall-clock cap of each MCMC run (s)")
+    ap.add_argument("--max-entries", type=float, default=2**28, help="PaSE's largest table before it gives up")
+    ap.add_argument("--quick", action="store_true", help="alexnet and rnnlm at p = 4, 8; 2000 MCMC moves")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.models, a.ps, a.mcmc_iterations, a.mcmc_budget = ["alexnet", "rnnlm"], [4, 8], 2000, 5.0
+    out = Path(a.out) if a.out else results_dir("pase")
+    (out / "strategies").mkdir(parents=True, exist_ok=True)
+    from algorithms.flexflow_mcmc import FlexFlowMCMC
+    from algorithms.pase import PaSE, TableTooLarge
+
+    rows = []
+    bar = tqdm([(m, p) for m in a.models for p in a.ps], desc="PaSE search time", unit="point")
+    for m, p in bar:
+        bar.set_postfix_str(f"{m} p={p}")
+        conf, extra = model_overrides(m)
+        pb = problem(conf, "parametric", costs="pase", extra=[*parametric(p)[1:], *extra])
+        row = {"model": m, "p": p, "layers": pb.graph.num_nodes, "batch": pb.batch}
+        try:
+            r = run(PaSE(max_entries=int(a.max_entries)), pb, simulate_it=False)
+            plan = r.pop("_plan")
+            plan.strategy.save(strategy_path(out, m, p))
+            row.update({"pase_s": r["search_s"], "tables_s": r["tables_s"], "largest_table": r["largest_table"],
+                        "configs_max": plan.info["configs_max"], "pase_objective_s": r["objective_s"], "pase": f"{r['search_s']:.3g} s"})
+        except TableTooLarge as err:
+            row.update({"pase_s": float("nan"), "pase": f"n/a ({str(err).split(';')[0][:90]})"})
+        f = run(FlexFlowMCMC(iterations=a.mcmc_iterations, budget_s=a.mcmc_budget, seed=0), pb, simulate_it=False)
+        f.pop("_plan")
+        row.update({"mcmc_s": f["search_s"], "mcmc_complete": f["search_complete"], "mcmc_objective_s": f["objective_s"],
+                    "mcmc / pase objective": f["objective_s"] / row["pase_objective_s"] if "pase_objective_s" in row else float("nan"),
+                    "mcmc": f"{f['search_s']:.3g} s" + ("" if f["search_complete"] else " (budget)")})
+        row["pase (paper)"] = PAPER_PASE.get((m, p), "n/a")
+        row["FlexFlow MCMC (paper)"] = PAPER_FLEXFLOW.get((m, p), "n/a")
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "search_time.csv", index=False)
+    text = print_table(rows, ["model", "p", "layers", "configs_max", "largest_table", "pase", "pase (paper)", "mcmc",
+                              "mcmc / pase objective", "FlexFlow MCMC (paper)"],
+                       title="PaSE search time (costs=pase: 10 TFLOP/s, 16 GB/s); MCMC: "
+                             f"{a.mcmc_iterations} moves, FlexFlow's stopping rule, cap {a.mcmc_budget:g} s; "
+                             "'(paper)': the PaSE paper's figures")
+    style()
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, m in enumerate(a.models):
+        d = df[df["model"] == m]
+        line, = ax.plot(d["p"], d["pase_s"], label=f"{m} PaSE")
+        ax.plot(d["p"], d["mcmc_s"], linestyle="--", marker="x", color=line.get_color(), label=f"{m} MCMC")
+    paper_pts = [(64, 196.0, "inception_v3 PaSE (paper)", 0), (64, 31 * 60.0, "transformer PaSE (paper)", -9),
+                 (64, 37 * 60.0, "inception_v3 FlexFlow MCMC (paper)", 5)]
+    for x, y, lab, dy in paper_pts:
+        if any(lab.startswith(m + " ") for m in a.models) and x in a.ps:
+            ax.scatter([x], [y], marker="*", s=60, color="grey", zorder=5)
+            ax.annotate(lab, (x, y), fontsize=6, xytext=(-135, dy), textcoords="offset points", va="center")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("processors p")
+    ax.set_ylabel("search time (s)")
+    ax.set_title("PaSE vertex elimination vs FlexFlow MCMC (ours; stars: paper)")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "search_time.png")
+    plt.close(fig)
+    cmd = "python -m experiments pase_search_time" + (" --quick" if a.quick else "")
+    write_readme(out, "PaSE (Elango 2021): our results beside the paper's", [(
+        "Search time against p (search_time.csv, search_time.png, strategies/)",
+        f"`{cmd}`. Times exclude building the cost tables (tables_s in the CSV). rnnlm is PaSE's own "
+        f"graph of the RNNLM (the two LSTM layers as one operator, harness/zoo/rnnlm_lstm.py); our zoo's "
+        f"per-step rnnlm is `rnnlm_unrolled`. The MCMC column is FlexFlow's search on the same cost "
+        f"tables (a move costs O(degree)), not FlexFlow's simulator. Only the figures the issue quotes are "
+        f"given as the paper's.\n\n```\n{text}\n```",
+    )])
+    print(f"wrote {out / 'search_time.csv'} and {out / 'search_time.png'}")
+    return 0

@@ -1,0 +1,208 @@
+"""PaSE (Elango 2021): its FLOP cost model (costs=pase, facts of the public nn_ops.py), vertex
+elimination (Alg. 1-3) with numpy joins, and FlexFlow's MCMC, its comparator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch.nn as nn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from algorithms.flexflow_mcmc import FlexFlowMCMC, mcmc, start_config
+from algorithms.layer_costs import SpaceOptions, brute_force, build_tables, enumerate_configs, evaluate, resolve_options
+from algorithms.optcnn import OptCNN
+from algorithms.pase import PaSE, TableTooLarge, vertex_elimination
+from harness.layergraph import build_layer_graph
+from harness.pase_costs import PaseCostModel, pase_domain
+from tests.conftest import make_cluster
+from tests.layer_cases import random_dag, series_parallel, small_dags
+
+
+@pytest.fixture(scope="module")
+def cl4():
+    return make_cluster(4, lat_us=2.0, bw_GBps=50)
+
+
+def ar(words, procs, r=5000.0):
+    return r * 2.0 * (procs - 1) * words / procs
+
+
+# ---------------------------------------------------------------------- the cost model's facts
+def test_words_to_flops_ratio_defaults_to_5000(cl4):
+    assert PaseCostModel(cl4).r == pytest.approx(5000.0)
+    assert PaseCostModel(cl4, peak_tflops=20, bw_GBps=16).r == pytest.approx(10000.0)
+
+
+def test_gemm_cost_of_a_linear_layer(cl4):
+    g = build_layer_graph(nn.Linear(32, 16, bias=False), [((64, 32), "float32")])
+    v = g.kinds.index("linear")
+    m, n, k = 64, 16, 32
+    pc = PaseCostModel(cl4)
+    dims = ("sample", "channel", "in_channel")
+    got = pc.vertex_flops(g, v, dims, np.array([[2, 1, 2], [1, 4, 1]]))
+    want0 = 3 * (m / 2) * n * (k / 2) + ar(m / 2 * n, 2) + ar(m / 2 * k / 2, 1) + ar(n * k / 2, 2)
+    want1 = 3 * m * (n / 4) * k + ar(m * n / 4, 1) + ar(m * k, 4) + ar(n / 4 * k, 1)
+    assert got == pytest.approx([want0, want1])
+
+
+def test_convolution_is_a_gemm_whose_h_and_w_are_never_split(cl4):
+    g = build_layer_graph(nn.Conv2d(8, 16, 3, padding=1, bias=False), [((4, 8, 10, 10), "float32")])
+    v = g.kinds.index("conv2d")
+    dom = pase_domain(g, v)
+    assert "height" not in dom and "width" not in dom and {"sample", "channel", "in_channel"} <= set(dom)
+    pc = PaseCostModel(cl4)
+    got = pc.vertex_flops(g, v, ("sample", "channel", "in_channel"), np.array([[2, 2, 2]]))[0]
+    m, n, k = 4 * 10 * 10 / 2, 16 / 2, 8 * 9 / 2
+    assert got == pytest.approx(3 * m * n * k + ar(m * n, 2) + ar(m * k, 2) + ar(n * k, 2))
+
+
+def test_cutoff_allows_only_divisors_leaving_enough_per_processor(cl4):
+    g = build_layer_graph(nn.Conv2d(8, 16, 3, padding=1, bias=False), [((8, 8, 10, 10), "float32")])
+    v = g.kinds.index("conv2d")
+    dims, deg = enumerate_configs(g, v, 64, SpaceOptions("pase", "at_most", cutoff=4))
+    for k, d in enumerate(dims):
+        size = g.dims[v][d]
+        assert all(size % e == 0 and size // e >= 4 for e in deg[:, k] if e > 1)
+    assert set(deg[:, dims.index("sample")]) == {1, 2}       # 8: 8/2 = 4 >= 4, 8/4 = 2 < 4
+    assert set(deg[:, dims.index("kernel_h")]) == {1}          # 3 cannot be split
+    assert (deg.prod(axis=1) <= 64).all()
+
+
+def test_edge_cost_is_twice_the_non_overlapping_area(cl4):
+    from tests.layer_cases import build
+
+    g = build(["input", "pointwise", "elementwise"], [(0, 1), (1, 2)], B=8, C=8, L=8)
+    pc = PaseCostModel(cl4, cutoff=1)
+    e = 1
+    dims = ("sample", "channel", "length")
+    same = pc.edge_flops(g, e, ("sample", "channel", "in_channel", "kernel_l"), np.array([[2, 1, 1, 1]]), dims, np.array([[2, 1, 1]]))
+    assert same[0, 0] == 0
+    # consumer on 4 processors, producer on 2: no overlap counted
+    more = pc.edge_flops(g, e, ("sample", "channel", "in_channel", "kernel_l"), np.array([[2, 1, 1, 1]]), dims, np.array([[4, 1, 1]]))
+    assert more[0, 0] == pytest.approx(5000 * 2 * (8 * 8 * 8 / 4))
+    # consumer on 2 processors along another dim: area 256, overlap 4*4*8 = 128
+    other = pc.edge_flops(g, e, ("sample", "channel", "in_channel", "kernel_l"), np.array([[2, 1, 1, 1]]), dims, np.array([[1, 2, 1]]))
+    assert other[0, 0] == pytest.approx(5000 * 2 * (256 - 128))
+    # edges out of an input cost nothing (PaSE has no vertex for inputs)
+    assert not pc.edge_flops(g, 0, (), np.ones((1, 0)), dims, np.array([[4, 1, 1]])).any()
+
+
+def test_pooling_pays_for_its_ghost_cells(cl4):
+    g = build_layer_graph(nn.MaxPool2d(3, stride=1, padding=1), [((4, 8, 16, 16), "float32")])
+    v = g.kinds.index("pool2d")
+    pc = PaseCostModel(cl4)
+    dims = ("sample", "channel", "height", "width")
+    base, split = pc.vertex_flops(g, v, dims, np.array([[1, 1, 1, 1], [1, 1, 2, 1]]))
+    assert base == pytest.approx(4 * 8 * 16 * 16)
+    ghost = ((8 + 3) * 16 - 8 * 16) * 4 * 8
+    assert split == pytest.approx(4 * 8 * 8 * 16 + 5000 * ghost)
+
+
+# ---------------------------------------------------------------------- vertex elimination
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=small_dags(max_nodes=4))
+def test_pase_equals_optcnn_equals_brute_force_under_pase_costs(g):
+    cl = make_cluster(4)
+    costs = PaseCostModel(cl, cutoff=1)
+    T = build_tables(g, cl, costs)
+    _, best = brute_force(T)
+    idx_p, cost_p, stats = vertex_elimination(T)
+    idx_o, _ = OptCNN().search(T)
+    assert T.objective(idx_p) == pytest.approx(best, rel=1e-12, abs=1e-18)
+    assert T.objective(idx_o) == pytest.approx(best, rel=1e-12, abs=1e-18)
+    assert stats["largest_table"] >= max(T.num_configs)
+
+
+def test_chunked_joins_give_the_same_optimum(cl4):
+    from harness.costs import AnalyticalCostModel
+
+    T = build_tables(random_dag(11, 8, 1.0, B=32, C=256, L=64), cl4, AnalyticalCostModel(cl4))
+    a, ca, sa = vertex_elimination(T)
+    b, cb, sb = vertex_elimination(T, block_entries=7)
+    assert ca == pytest.approx(cb, rel=1e-12) and T.objective(a) == pytest.approx(T.objective(b), rel=1e-12)
+    assert sa["largest_table"] == sb["largest_table"]
+
+
+def test_a_table_too_large_names_the_layer(cl4):
+    from harness.costs import AnalyticalCostModel
+
+    T = build_tables(random_dag(3, 7, 1.0), cl4, AnalyticalCostModel(cl4))
+    with pytest.raises(TableTooLarge, match="processing layer .* max_entries=5"):
+        vertex_elimination(T, max_entries=5)
+
+
+def test_pase_plan_reports_its_largest_table(cl4):
+    costs = PaseCostModel(cl4, cutoff=1)
+    g = series_parallel(2, 8, B=16, C=64, L=32)
+    plan = PaSE().plan(g, cl4, costs)
+    assert plan.info["search_complete"] and plan.info["largest_table"] > 0 and plan.info["cost_model"] == "pase"
+    assert plan.info["objective_flops"] == pytest.approx(plan.info["objective_s"] * 1e13)
+    assert plan.info["objective_s"] == pytest.approx(evaluate(g, plan.strategy, cl4, costs)["objective_s"])
+    assert resolve_options(g, costs).space == "pase"
+
+
+# ---------------------------------------------------------------------- FlexFlow's MCMC
+def test_mcmc_is_deterministic_and_never_worse_than_its_start(cl4):
+    from harness.costs import AnalyticalCostModel
+
+    costs = AnalyticalCostModel(cl4)
+    g = random_dag(4, 8, 0.5, B=32, C=256, L=64)
+    T = build_tables(g, cl4, costs)
+    a, sa = mcmc(T, seed=1, iterations=3000, beta=50.0)
+    b, sb = mcmc(T, seed=1, iterations=3000, beta=50.0)
+    assert (a == b).all() and sa == sb
+    start = T.objective(start_config(T))
+    opt = T.objective(vertex_elimination(T)[0])
+    assert opt * (1 - 1e-12) <= T.objective(a) <= start
+    assert T.degrees[1][start_config(T)[1]].tolist() == [4, 1, 1]  # DP in the optcnn space
+
+
+def test_mcmc_plan_reports_samples_and_a_cut_budget(cl4):
+    from harness.costs import AnalyticalCostModel
+
+    costs = AnalyticalCostModel(cl4)
+    g = random_dag(5, 6, 0.5, B=32, C=256, L=64)
+    plan = FlexFlowMCMC(iterations=2000, seed=3).plan(g, cl4, costs)
+    assert plan.info["search_complete"] and plan.info["samples"] <= 2000
+    cut = FlexFlowMCMC(iterations=10_000_000, budget_s=0.05, patience=10_000_000).plan(g, cl4, costs)
+    assert cut.info["search_complete"] is False and cut.info["stopped"] == "budget"
+
+
+# ---------------------------------------------------------------------- experiments (quick)
+def test_pase_experiments_quick(tmp_path):
+    import pandas as pd
+
+    from experiments import pase_search_time, pase_speedup
+
+    out = str(tmp_path)
+    assert pase_search_time.main(["--quick", "--out", out]) == 0
+    assert pase_speedup.main(["--quick", "--out", out]) == 0
+    st_ = pd.read_csv(tmp_path / "search_time.csv")
+    assert (st_["pase_s"] > 0).all() and (st_["mcmc / pase objective"] >= 1 - 1e-9).all()
+    sp = pd.read_csv(tmp_path / "speedup.csv")
+    assert (sp["speedup (cost model)"] >= 1 - 1e-9).all()  # PaSE's optimum is never worse than DP under its own model
+    assert sp["strategy"].str.startswith("strategies/").all()  # reused from the search-time run
+    readme = (tmp_path / "README.md").read_text()
+    assert "## Search time against p" in readme and "## Speedup over data parallelism" in readme
+
+
+def test_lstm_is_pases_lstm_operator(cl4):
+    """An nn.LSTM layer is PaSE's LSTM op: the GEMM (layers; seq*batch, 4n, k+n) with 3 pointwise
+    ops, plus the reshape of each cell's output into the next cell's input."""
+    from harness.zoo.rnnlm_lstm import RNNLMLSTM
+
+    g = build_layer_graph(RNNLMLSTM(vocab_size=50, hidden_size=16, embed_dim=16, num_layers=2), [((4, 8), "int64")])
+    v = g.kinds.index("lstm")
+    assert pase_domain(g, v) == ("layer", "sample", "channel", "in_channel")
+    pc = PaseCostModel(cl4, cutoff=1)
+    dims = pase_domain(g, v)
+    base, split = pc.vertex_flops(g, v, dims, np.array([[1, 1, 1, 1], [1, 2, 2, 1]]))
+    L, T, B, n, k = 2, 8, 4, 16, 16
+    assert base == pytest.approx(L * (3 * (T * B) * (4 * n) * (k + n) + 3 * 3 * (T * B) * (4 * n)))
+    m, nn_, kk = T * B / 2, 4 * n / 2, (k + n)
+    gemm = L * (3 * m * nn_ * kk + 9 * m * nn_ + ar(m * nn_, 1) + ar(m * kk, 2) + ar(nn_ * kk, 2))
+    reshape = L * T * 5000 * ((B / 2) * k - (B / 2) * (n / 2))  # out (b/2, n/2) on 4 procs, in (b/2, k) on 2
+    assert split == pytest.approx(gemm + reshape)
+    plan = PaSE().plan(g, cl4, pc)
+    assert plan.info["search_complete"] and plan.info["objective_s"] > 0
