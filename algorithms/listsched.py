@@ -117,7 +117,9 @@ class Timeline:
 
     def insert(self, start: float, dur: float, node: int) -> None:
         """Occupy ``[start, start + dur)`` (the caller found it free with :meth:`earliest_start`)."""
-        k = bisect_right(self.starts, start)
+        # after every task that ends by `start`: a zero-length task (a view) at the start of a
+        # running task goes before it, so `ends` stays sorted as well as `starts`
+        k = bisect_right(self.ends, start)
         self.starts.insert(k, start)
         self.ends.insert(k, start + dur)
         self.nodes.insert(k, node)

@@ -58,3 +58,11 @@ def test_order_from_starts_respects_edges_with_zero_length_nodes():
     g = make_graph(3, [(0, 1), (1, 2)])
     order = order_from_starts(np.array([0.0, 0.0, 0.0]), g)
     assert order.tolist() == [0, 1, 2]
+
+
+def test_zero_length_task_at_a_running_tasks_start_keeps_the_timeline_sorted():
+    t = Timeline()
+    t.insert(1.0, 4.0, 0)
+    t.insert(1.0, 0.0, 1)  # a view starting with the running task
+    assert t.ends == sorted(t.ends) and t.starts == sorted(t.starts)
+    assert t.earliest_start(0.0, 2.0) == 5.0  # never inside [1, 5)
