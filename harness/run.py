@@ -85,6 +85,19 @@ def build(cfg: Any) -> tuple[Any, Cluster, Any, Any, Any]:
     return source, cluster, costs, algo, sim
 
 
+#: config blocks that change only what is written, not the result
+NON_RESULT_KEYS = ("output", "resume")
+
+
+def config_hash(cfg: Any) -> str:
+    """A digest of everything in the composed config that can change a job's result
+    (the key re-running a sweep uses to skip finished jobs)."""
+    import hashlib
+
+    plain = {k: v for k, v in (_to_plain(cfg) or {}).items() if k not in NON_RESULT_KEYS}
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
     """Run one job.  ``on_plan`` (optional) receives the plan as soon as it exists, so a
     caller can save it even if the simulation then fails."""
@@ -126,6 +139,7 @@ def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
         **{k: _jsonable(plan.info[k]) for k in LIFTED_INFO_KEYS if k in plan.info},
         **({"costs_report": _jsonable(costs.report())} if hasattr(costs, "report") else {}),
         "seed": int(cfg.seed),
+        "config_hash": config_hash(cfg),
         "versions": versions(),
         "git_sha": git_sha(),
     }

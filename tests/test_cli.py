@@ -119,3 +119,26 @@ def test_custom_model_from_any_factory(tmp_path):
     assert row["model"] == "custom" and row["num_tasks"]["collective"] > 0
     missing = harness("model=custom", f"hydra.run.dir={tmp_path / 'm'}")
     assert missing.returncode != 0 and "model.module._target_" in missing.stderr
+
+
+def test_sweep_resumes_and_survives_a_failed_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ("-m", "model=lenet5", "algo=m_topo", "algo.coloc_memory=first,bogus,all", f"hydra.sweep.dir={sweep}",
+            "output.gantt=false", "output.trace=false")
+    r = harness(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = sorted(sweep.glob("*/result.json"))
+    errors = sorted(sweep.glob("*/error.json"))
+    assert len(results) == 2 and len(errors) == 1
+    err = json.loads(errors[0].read_text())
+    assert "coloc_memory" in err["error"] and "Traceback" in err["traceback"]
+    stamp = {f: f.stat().st_mtime_ns for f in results}
+    again = harness(*args)
+    assert again.returncode == 0
+    assert again.stderr.count("skipping: this config") + again.stdout.count("skipping: this config") == 2
+    assert {f: f.stat().st_mtime_ns for f in results} == stamp  # finished jobs were not redone
+    c = subprocess.run([sys.executable, "-m", "harness.collect", str(sweep)], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert c.returncode == 0, c.stderr
+    df = pd.read_csv(sweep / "results.csv")
+    assert sorted(df["status"]) == ["error", "ok", "ok"]
