@@ -9,7 +9,7 @@ from pathlib import Path
 
 import experiments
 
-HELPERS = {"common"}
+HELPERS = {"common"}  # modules starting with "_" are helpers too
 
 
 def names() -> list[str]:

@@ -16,13 +16,16 @@ from harness.stats import graph_stats
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments graph_stats", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="three small models at batch 8")
     ap.add_argument("--models", nargs="*", default=None, help="zoo models (default: all)")
     ap.add_argument("--cluster", default="v100x4_pcie", help="cluster whose devices 0 and 1 define w_i and c_ij")
     ap.add_argument("--batch", type=int, default=None, help="batch size for every model (default: each model's own)")
     ap.add_argument("--granularity", default="aten", choices=["aten", "core_aten", "layer"])
     ap.add_argument("--out", default=None, help="output dir (default results/graph_stats)")
     a = ap.parse_args(argv)
-    models = a.models or zoo_models()
+    models = a.models or (["lenet5", "alexnet", "resnet50"] if a.quick else zoo_models())
+    if a.quick and a.batch is None:
+        a.batch = 8
     out = Path(a.out) if a.out else results_dir("graph_stats")
     out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -22,6 +22,7 @@ from harness.capture import CaptureError, TensorSpec, capture
 from harness.graph import BATCHED, FORWARD, OpGraph
 
 _CACHE: dict[str, OpGraph] = {}
+_LAYER_CACHE: dict[str, Any] = {}
 
 
 def _plain(x: Any) -> Any:
@@ -95,15 +96,18 @@ class TorchModel:
         return g
 
     def layer_graph(self) -> Any:
-        """The module-level LayerGraph (OptCNN / PaSE granularity)."""
+        """The module-level LayerGraph (OptCNN / PaSE granularity), memoised like :meth:`op_graph`."""
         import torch
 
         from harness.layergraph import build_layer_graph
 
-        with torch.device("meta"):
-            module = self.build()
-        specs = [((self.batch_size, *s.shape), s.dtype) for s in self.inputs]
-        return build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
+        key = self._key(kind="layer")
+        if key not in _LAYER_CACHE:
+            with torch.device("meta"):
+                module = self.build()
+            specs = [((self.batch_size, *s.shape), s.dtype) for s in self.inputs]
+            _LAYER_CACHE[key] = build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
+        return _LAYER_CACHE[key]
 
 
 class SyntheticGraph:
