@@ -1,0 +1,53 @@
+"""Every algorithm of the Celeritas comparison yields a valid strategy on every zoo model
+at batch 2 (captures are memoised per process and shared with tests/test_zoo_capture.py).
+
+The largest graphs (NMT: 23k nodes, NasNet-large: 8k, RNNLM: 6.5k) with the slow
+algorithms (m-SCT's LP and m-ETF's list scheduling; HRL, which simulates every sample)
+are marked slow; run them with ``-m slow``."""
+
+from __future__ import annotations
+
+import pytest
+
+from algorithms.celeritas import Celeritas
+from algorithms.dfs_topo import DfsTopo
+from algorithms.hrl import HRL
+from algorithms.m_etf import METF
+from algorithms.m_sct import MSCT
+from algorithms.metis_place import Metis
+from experiments.common import compose, zoo_models
+from harness.run import build
+from simulators.simulate import simulate
+
+ALGOS = {
+    "celeritas": lambda: Celeritas(),
+    "order_place": lambda: Celeritas(name="order_place", adjust=False),
+    "dfs_topo": lambda: DfsTopo(),
+    "m_etf": lambda: METF(),
+    "m_sct": lambda: MSCT(),
+    "metis": lambda: Metis(),
+    "hrl": lambda: HRL(samples=4, samples_per_step=2),
+}
+BIG = {"nmt", "nasnet_large", "rnnlm"}
+SLOW_ALGOS = {"m_etf", "m_sct", "hrl"}
+
+
+def cases():
+    for m in zoo_models():
+        for a in ALGOS:
+            slow = m in BIG and a in SLOW_ALGOS
+            yield pytest.param(m, a, id=f"{m}-{a}", marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("model,algo", list(cases()))
+def test_valid_strategy_on_zoo_model(model, algo):
+    cfg = compose([f"model={model}", "model.batch_size=2", "cluster=p100x4"])
+    source, cluster, costs, _, _ = build(cfg)
+    g = source.op_graph(**cfg.graph)
+    plan = ALGOS[algo]().plan(g, cluster, costs)
+    assert plan.graph is g
+    plan.strategy.validate(g, cluster.num_devices)
+    for members in g.coloc_groups():
+        assert len(set(plan.strategy.device[members].tolist())) == 1, f"co-location group split on {model}"
+    res = simulate(g, plan.strategy, cluster, costs)
+    assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) > 0
