@@ -13,7 +13,7 @@ cap (``--hrl-time``) per model; the paper quotes 5 hours of training from Mars.
 
 ``--colocate-gradients`` reruns the table with every module's backward ops co-located
 with its forward ops (TensorFlow's ``colocate_gradients_with_ops``, which the TF setups
-of the papers can use; :func:`algorithms.memplace.colocate_gradients`): the captured
+of the papers can use; :func:`harness.capture.colocate_gradients`): the captured
 graph only ties a parameter's view, gradient and update together.
 """
 
@@ -34,7 +34,7 @@ from algorithms.hrl import HRL
 from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT
 from algorithms.m_topo import MTopo
-from algorithms.memplace import colocate_gradients
+from harness.capture import colocate_gradients
 from algorithms.metis_place import Metis
 from experiments._celeritas import PAPER_SPEEDUP, PAPER_TABLE3, TABLE3_ALGOS, common_args, fmt_paper, load, models_of, out_dir
 from experiments.common import print_table, style

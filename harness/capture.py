@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -476,8 +476,9 @@ def _to_opgraph(gm: Any, probe: list[tuple[str, list[list[int]]]] | None, info: 
         raise CaptureError(f"captured graph of {name!r} is malformed: {e}") from e
 
 
-def _coloc_groups(n: int, free: np.ndarray, src: np.ndarray, dst: np.ndarray, p_ptr: np.ndarray, p_idx: np.ndarray, grad_node: np.ndarray, update_node: np.ndarray) -> np.ndarray:
-    """Union-find of {update op, free readers of the parameter, gradient producer chain}."""
+def groups_from_unions(n: int, unions: "Iterable[tuple[int, int]]") -> np.ndarray:
+    """Co-location group ids (-1: no group) from pairs of nodes that must share a device
+    (union-find; a group's id follows the order of its smallest member)."""
     parent = list(range(n))
 
     def find(a: int) -> int:
@@ -486,11 +487,21 @@ def _coloc_groups(n: int, free: np.ndarray, src: np.ndarray, dst: np.ndarray, p_
             a = parent[a]
         return a
 
-    def union(a: int, b: int) -> None:
+    for a, b in unions:
         ra, rb = find(a), find(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
+    roots = np.array([find(v) for v in range(n)], dtype=np.int64)
+    grouped = np.bincount(roots, minlength=n)[roots] > 1
+    coloc = np.full(n, -1, np.int32)
+    if grouped.any():
+        _, ids = np.unique(roots[grouped], return_inverse=True)
+        coloc[grouped] = ids
+    return coloc
 
+
+def _coloc_groups(n: int, free: np.ndarray, src: np.ndarray, dst: np.ndarray, p_ptr: np.ndarray, p_idx: np.ndarray, grad_node: np.ndarray, update_node: np.ndarray) -> np.ndarray:
+    """Union-find of {update op, free readers of the parameter, gradient producer chain}."""
     pred: dict[int, list[int]] = {}
     for s, d in zip(src.tolist(), dst.tolist()):
         pred.setdefault(d, []).append(s)
@@ -499,7 +510,7 @@ def _coloc_groups(n: int, free: np.ndarray, src: np.ndarray, dst: np.ndarray, p_
     for v, p in zip(owners.tolist(), p_idx.tolist()):
         if free[v]:
             members.setdefault(p, []).append(v)
-    in_group = np.zeros(n, bool)
+    unions: list[tuple[int, int]] = []
     for p in range(len(update_node)):
         group = list(members.get(p, []))
         if update_node[p] >= 0:
@@ -510,17 +521,38 @@ def _coloc_groups(n: int, free: np.ndarray, src: np.ndarray, dst: np.ndarray, p_
             if not free[g] or not pred.get(g):
                 break
             g = pred[g][0]
-        if len(group) < 2:
+        unions += [(group[0], v) for v in group[1:]]
+    return groups_from_unions(n, unions)
+
+
+def colocate_gradients(graph: OpGraph, exclude: tuple[str, ...] = ("model", "loss")) -> OpGraph:
+    """A copy of ``graph`` whose co-location groups also tie every module's backward ops to
+    its forward ops: TensorFlow's ``colocate_gradients_with_ops=True`` at module granularity
+    (Baechi's ``--colocate_grads_with_ops``; the TF setups the Celeritas and Baechi papers
+    measured place a gradient op with the op it differentiates).  ``graph.colocate_gradients``
+    in the config applies it to any job.
+
+    Groups are the union of the captured groups (parameter, gradient chain, update) and, for
+    each module path not in ``exclude`` (the root module's own ops and the loss), all of its
+    forward and backward nodes.  Only ``coloc`` changes; the arrays are shared."""
+    import copy
+
+    skip = {i for i, name in enumerate(graph.layer_names) if name in exclude}
+    first: dict[int, int] = {}
+    unions: list[tuple[int, int]] = []
+    for v, layer in enumerate(graph.layer.tolist()):
+        if graph.phase[v] == UPDATE or layer in skip:  # updates already follow their gradient's group
             continue
-        for v in group[1:]:
-            union(group[0], v)
-        in_group[group] = True
-    roots = np.array([find(v) for v in range(n)])
-    coloc = np.full(n, -1, np.int32)
-    if in_group.any():
-        _, ids = np.unique(roots[in_group], return_inverse=True)
-        coloc[in_group] = ids
-    return coloc
+        if layer in first:
+            unions.append((first[layer], v))
+        else:
+            first[layer] = v
+    for members in graph.coloc_groups():
+        unions += [(int(members[0]), v) for v in members[1:].tolist()]
+    out = copy.copy(graph)
+    out.coloc = groups_from_unions(graph.num_nodes, unions)
+    out.meta = {**graph.meta, "colocate_gradients": True}
+    return out
 
 
 def coarsen_runs(g: OpGraph) -> OpGraph:

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.capture import CaptureError, TensorSpec, capture
+from harness.capture import CaptureError, TensorSpec, capture, colocate_gradients
 from harness.graph import BATCHED, FORWARD, OpGraph
 
 _CACHE: dict[str, OpGraph] = {}
@@ -83,17 +83,17 @@ class TorchModel:
     def _key(self, **kw: Any) -> str:
         return json.dumps([self.name, self.module_cfg, self.batch_size, [s.__repr__() for s in self.inputs], repr(self.target), self.loss, kw], sort_keys=True, default=str)
 
-    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False) -> OpGraph:
-        """The joint forward/backward/update aten graph (memoised per configuration in this process)."""
+    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
+                 colocate_gradients: bool = False) -> OpGraph:
+        """The joint forward/backward/update aten graph (memoised per configuration in this
+        process); ``colocate_gradients`` ties each module's backward ops to its forward ops."""
         key = self._key(granularity=granularity, optimizer=optimizer, batch_probe=batch_probe)
-        if key in _CACHE and not (keep_fx and _CACHE[key].fx is None):
-            return _CACHE[key]
-        g = capture(
-            self.build, self.inputs, self.target, self.loss, self.batch_size, name=self.name,
-            granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, keep_fx=keep_fx,
-        )
-        _CACHE[key] = g
-        return g
+        if key not in _CACHE or (keep_fx and _CACHE[key].fx is None):
+            _CACHE[key] = capture(
+                self.build, self.inputs, self.target, self.loss, self.batch_size, name=self.name,
+                granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, keep_fx=keep_fx,
+            )
+        return _graph_options(_CACHE[key], colocate_gradients)
 
     def layer_graph(self) -> Any:
         """The module-level LayerGraph (OptCNN / PaSE granularity), memoised like :meth:`op_graph`."""
@@ -108,6 +108,11 @@ class TorchModel:
             specs = [((self.batch_size, *s.shape), s.dtype) for s in self.inputs]
             _LAYER_CACHE[key] = build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
         return _LAYER_CACHE[key]
+
+
+def _graph_options(g: OpGraph, colocate: bool) -> OpGraph:
+    """Options that derive a graph from a captured one (``graph.colocate_gradients``)."""
+    return colocate_gradients(g) if colocate else g
 
 
 class SyntheticGraph:
@@ -147,7 +152,9 @@ class SyntheticGraph:
         self.ref_flops, self.ref_bw = float(ref_tflops) * 1e12, float(ref_bw_GBps) * 1e9
         self.batch_size = int(batch_size)
 
-    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False) -> OpGraph:
+    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
+                 colocate_gradients: bool = False) -> OpGraph:
+        """The random DAG (the capture options do not apply; it has no layers to co-locate)."""
         rng = np.random.default_rng(self.seed)
         n = self.nodes
         # layer widths: width +- 50%, covering n nodes
@@ -200,10 +207,12 @@ class GraphFile:
         self.name = name or self.path.stem
         self._batch = batch_size
 
-    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False) -> OpGraph:
+    def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
+                 colocate_gradients: bool = False) -> OpGraph:
+        """The saved graph (as saved: the capture options do not apply, co-location does)."""
         if self._graph is None:
             self._graph = OpGraph.load(self.path)
-        return self._graph
+        return _graph_options(self._graph, colocate_gradients)
 
     @property
     def batch_size(self) -> int:

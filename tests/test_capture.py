@@ -162,5 +162,11 @@ def test_torch_model_memoises_and_any_factory_plugs_in():
     g1 = m.op_graph()
     assert m.op_graph() is g1
     assert g1.meta["batch_size"] == 4
+    # graph.colocate_gradients: a module's forward and backward ops share one group
+    g2 = m.op_graph(colocate_gradients=True)
+    conv_f = next(i for i, t in enumerate(g2.targets) if t == "aten.convolution.default")
+    conv_b = next(i for i, t in enumerate(g2.targets) if t.startswith("aten.convolution_backward"))
+    assert g1.coloc[conv_f] == -1 and g2.coloc[conv_f] >= 0 and g2.coloc[conv_f] == g2.coloc[conv_b]
+    assert g2.num_nodes == g1.num_nodes and m.op_graph() is g1
     with pytest.raises(CaptureError, match="needs a _target_"):
         TorchModel("x", {}, 4, [], {})
