@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -422,10 +423,11 @@ class GapIndex:
         for jj in range(j + 1, len(st)):
             if en[jj - 1] + dur <= st[jj]:
                 return b, jj, en[jj - 1]
-        slack = dur * (1.0 - 1e-12)
         gmax = self.gmax
         for bb in range(b + 1, nb):
-            if gmax[bb] < slack:
+            # skip a block only if no gap can pass the float test below: e + dur rounds, so
+            # a gap a couple of ulps shorter than dur (even of length 0) may still fit
+            if gmax[bb] + 2.0 * math.ulp(bend[bb]) < dur:
                 continue
             st, en = self.st[bb], self.en[bb]
             if bend[bb - 1] + dur <= st[0]:
