@@ -141,6 +141,11 @@ def optimal_bp(graph: OpGraph, seq: np.ndarray, c: np.ndarray, mem: np.ndarray, 
             if s >= lo:
                 internal[lo:s + 1] += in_c[k]
         i_mem = int(np.searchsorted(pref_mem, pref_mem[j] - M, side="left"))
+        # pref_mem[j] - M rounds: settle the boundary on the cluster sums themselves
+        while i_mem < j and pref_mem[j] - pref_mem[i_mem] > M:
+            i_mem += 1
+        while i_mem > 0 and pref_mem[j] - pref_mem[i_mem - 1] <= M:
+            i_mem -= 1
         lo_i = min(max(lo, i_mem), j - 1)
         cand = S[lo_i:j] + (pref_out[j] - pref_out[lo_i:j]) - internal[lo_i:j]
         k = int(np.argmin(cand))

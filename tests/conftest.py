@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (CI is reproducible); set
+# HYPOTHESIS_PROFILE=explore to draw fresh random examples and hunt for new counterexamples.
+settings.register_profile("deterministic", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 from harness.cluster import Cluster, build_cluster
 from harness.costs import AnalyticalCostModel

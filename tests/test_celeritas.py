@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from algorithms.base import bfs_topological_order
@@ -86,6 +86,7 @@ def brute_force_bp(g, seq, c, mem, R, M):
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 9), st.integers(0, 10_000), st.integers(1, 4), st.floats(1.0, 6.0))
+@example(7, 0, 2, 1.9999999999999991)  # 10 - M rounds to 8: the memory cap must be checked on the sums
 def test_optimal_bp_matches_brute_force(n, seed, R, M):
     rng = np.random.default_rng(seed)
     edges = sorted({(int(a), int(b)) for a, b in rng.integers(0, n, size=(2 * n, 2)) if a < b})

@@ -22,10 +22,21 @@ def harness(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.fixture(scope="module")
+def every_algorithm(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One ``python -m harness -m`` sweep over every registered algorithm (one process: the
+    basic launcher runs the jobs in turn, so the model is captured once)."""
+    sweep = tmp_path_factory.mktemp("every_algorithm")
+    r = harness("-m", "hydra/launcher=basic", f"algo={','.join(ALGOS)}", "model=lenet5", "cluster=p100x4",
+                f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${algo.name}")
+    return sweep, r
+
+
 @pytest.mark.parametrize("algo", ALGOS)
-def test_one_run_per_algorithm(algo, tmp_path):
-    out = tmp_path / "job"
-    r = harness(f"algo={algo}", "model=lenet5", "cluster=p100x4", f"hydra.run.dir={out}")
+def test_one_run_per_algorithm(algo, every_algorithm):
+    sweep, r = every_algorithm
+    out = sweep / algo
+    assert not (out / "error.json").exists(), json.loads((out / "error.json").read_text())["traceback"][-3000:]
     assert r.returncode == 0, r.stderr[-3000:]
     for f in ("result.json", "strategy.json", "trace.json", "gantt.png"):
         assert (out / f).exists(), f
@@ -33,10 +44,17 @@ def test_one_run_per_algorithm(algo, tmp_path):
     assert set(CONTRACT_KEYS) <= set(row)
     assert row["algo"] == algo and row["model"] == "lenet5" and row["num_devices"] == 4
     assert len(row["peak_memory_bytes"]) == 4 and isinstance(row["oom"], bool)
-    for k in ("model", "nodes", "devices", "algorithm", "search time", "step time", "lower bound", "OOM", "bytes moved"):
-        assert k in r.stdout
+    assert f"algorithm    {algo}" in r.stdout
     trace = json.loads((out / "trace.json").read_text())
     assert any(e["ph"] == "X" for e in trace["traceEvents"])
+
+
+def test_single_run_prints_the_summary(tmp_path):
+    r = harness("algo=m_topo", "model=lenet5", "cluster=p100x4", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for k in ("model", "nodes", "devices", "algorithm", "search time", "step time", "lower bound", "OOM", "bytes moved"):
+        assert k in r.stdout
+    assert (tmp_path / "result.json").exists()
 
 
 def test_job_writes_only_into_its_output_dir(tmp_path):
