@@ -9,7 +9,8 @@
 * Events are kept in a heap of ``(time, task id)``: ties are broken by task id, so the
   same input gives the same timeline bit for bit.
 * Memory: a compute task allocates its output buffer when it starts, a transfer its
-  received copy when it is queued; a buffer is freed when the last task reading it finishes.
+  received copy when it is queued; a buffer is freed when the last task reading it
+  finishes.  It is worked out after the loop from the timeline (:func:`peak_memory`).
 """
 
 from __future__ import annotations
@@ -55,22 +56,16 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
     succ_idx = tg.succ_idx.tolist()
     res_ptr = tg.res_ptr.tolist()
     res_idx = tg.res_idx.tolist()
-    use_ptr = tg.use_ptr.tolist()
-    use_idx = tg.use_idx.tolist()
-    alloc_dev = tg.alloc_dev.tolist()
-    alloc_bytes = tg.alloc_bytes.tolist()
     remaining = tg.indeg.tolist()
-    refcnt = np.bincount(tg.use_idx, minlength=T).tolist()
     prio = tg.prio.tolist()
 
     start = [0.0] * T
-    end = [0.0] * T
+    end = [-1.0] * T  # stays negative for a task that never ran
     cp = [0.0] * T  # earliest start with free communication (for the lower bound)
     link_free = [0.0] * num_links
-    cur = tg.static_mem.astype(np.int64).tolist()
-    peak = list(cur)
     busy = [False] * num_devices
     ready = [False] * T
+    is_comp = (tg.kind == COMPUTE).tolist()
     strict = mode == "strict"
     by_prio = mode == "priority"
     comp = np.flatnonzero(tg.kind == COMPUTE)
@@ -79,71 +74,70 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
         by = comp[np.lexsort((comp, tg.prio[comp], tg.dev[comp]))]
         for t in by.tolist():
             seq[dev[t]].append(t)
+    # head[d]: the next task of device d's sequence in strict mode (-1 once it is done)
+    head = [s[0] if s else -1 for s in seq]
     seq_len = [len(x) for x in seq]
     pos = [0] * num_devices
     dev_heap: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
     heap: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
     arrivals = 0
-    done = 0
 
-    # tasks ready at time 0, in id order; then events in (time, task id) order
-    newly = [t for t in range(T) if remaining[t] == 0]
+    # The roots are released at time 0 as if they were the successors of a virtual task,
+    # so one loop handles them and every later release: tasks released by the same event
+    # start in id order, events are handled in (time, task id) order.
+    succ = [t for t in range(T) if remaining[t] == 0]
+    for t in succ:
+        remaining[t] = 1
     now = 0.0
+    cp_end = 0.0
     d = -1
     while True:
-        # -- start what became ready at `now`
-        for t in newly:
-            if kind[t] == COMPUTE:
-                dd = dev[t]
+        # -- release the successors of the task that finished at `now`; start what is ready
+        for s in succ:
+            if cp_end > cp[s]:
+                cp[s] = cp_end
+            r = remaining[s] - 1
+            remaining[s] = r
+            if r:
+                continue
+            if is_comp[s]:
+                dd = dev[s]
                 if strict:
-                    ready[t] = True
-                    if busy[dd] or seq[dd][pos[dd]] != t:
+                    ready[s] = True
+                    if busy[dd] or head[dd] != s:
                         continue
                 else:
                     arrivals += 1
-                    push(dev_heap[dd], (prio[t] if by_prio else arrivals, t))
+                    push(dev_heap[dd], (prio[s] if by_prio else arrivals, s))
                     if busy[dd]:
                         continue
-                    t = pop(dev_heap[dd])[1]
+                    s = pop(dev_heap[dd])[1]
                 busy[dd] = True
-                start[t] = now
-                e = now + dur[t]
-                end[t] = e
-                b = alloc_bytes[t]
-                if b:
-                    c = cur[dd] + b
-                    cur[dd] = c
-                    if c > peak[dd]:
-                        peak[dd] = c
-                push(heap, (e, t))
+                start[s] = now
+                e = now + dur[s]
+                end[s] = e
+                push(heap, (e, s))
                 continue
-            links = res_idx[res_ptr[t]:res_ptr[t + 1]]
+            links = res_idx[res_ptr[s]:res_ptr[s + 1]]
             st = now
             for l in links:
                 f = link_free[l]
                 if f > st:
                     st = f
-            e = st + dur[t]
+            e = st + dur[s]
             for l in links:
                 link_free[l] = e
-            start[t] = st
-            end[t] = e
-            dd = alloc_dev[t]
-            if dd >= 0:
-                c = cur[dd] + alloc_bytes[t]
-                cur[dd] = c
-                if c > peak[dd]:
-                    peak[dd] = c
-            push(heap, (e, t))
+            start[s] = st
+            end[s] = e
+            push(heap, (e, s))
         # -- a device that finished may start its next task
         if d >= 0 and not busy[d]:
             nxt = -1
             if strict:
-                if pos[d] < seq_len[d]:
-                    nxt = seq[d][pos[d]]
-                    if not ready[nxt]:
-                        nxt = -1
+                nxt = head[d]
+                if nxt >= 0 and not ready[nxt]:
+                    nxt = -1
             elif dev_heap[d]:
                 nxt = pop(dev_heap[d])[1]
             if nxt >= 0:
@@ -151,51 +145,32 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
                 start[nxt] = now
                 e = now + dur[nxt]
                 end[nxt] = e
-                b = alloc_bytes[nxt]
-                if b:
-                    c = cur[d] + b
-                    cur[d] = c
-                    if c > peak[d]:
-                        peak[d] = c
                 push(heap, (e, nxt))
         if not heap:
             break
         # -- next event: task t finishes at `now`
         now, t = pop(heap)
-        done += 1
-        for b in use_idx[use_ptr[t]:use_ptr[t + 1]]:
-            r = refcnt[b] - 1
-            refcnt[b] = r
-            if r == 0:
-                cur[alloc_dev[b]] -= alloc_bytes[b]
-        if refcnt[t] == 0 and alloc_dev[t] >= 0:
-            cur[alloc_dev[t]] -= alloc_bytes[t]
-        if kind[t] == COMPUTE:
+        if is_comp[t]:
             d = dev[t]
             busy[d] = False
             if strict:
-                pos[d] += 1
+                p = pos[d] + 1
+                pos[d] = p
+                head[d] = seq[d][p] if p < seq_len[d] else -1
             cp_end = cp[t] + dur[t]
         else:
             d = -1
             cp_end = cp[t]
-        newly = []
-        for s in succ_idx[succ_ptr[t]:succ_ptr[t + 1]]:
-            if cp_end > cp[s]:
-                cp[s] = cp_end
-            r = remaining[s] - 1
-            remaining[s] = r
-            if r == 0:
-                newly.append(s)
+        succ = succ_idx[succ_ptr[t]:succ_ptr[t + 1]]
 
-    if done != T:
-        stuck = [t for t in range(T) if remaining[t] > 0]
-        raise SimulationError(
-            f"simulation stopped with {T - done} of {T} tasks not run (first waiting task {stuck[0] if stuck else '?'}): "
-            "the schedule order deadlocks or the task graph has a cycle"
-        )
     start_a = np.asarray(start)
     end_a = np.asarray(end)
+    not_run = np.flatnonzero(end_a < 0)
+    if len(not_run):
+        raise SimulationError(
+            f"simulation stopped with {len(not_run)} of {T} tasks not run (first waiting task {int(not_run[0])}): "
+            "the schedule order deadlocks or the task graph has a cycle"
+        )
     is_comp = tg.kind == COMPUTE
     busy_time = np.bincount(tg.dev[is_comp], weights=tg.dur[is_comp], minlength=num_devices)
     owner = np.repeat(np.arange(T), np.diff(tg.res_ptr))
@@ -206,7 +181,50 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
         end=end_a,
         makespan=float(end_a.max()) if T else 0.0,
         busy=busy_time,
-        peak_mem=np.asarray(peak, dtype=np.int64),
+        peak_mem=peak_memory(tg, start_a, end_a, num_devices),
         link_busy=link_busy,
         critical_path=float((cp_a + tg.dur)[is_comp].max()) if is_comp.any() else 0.0,
     )
+
+
+def peak_memory(tg: TaskGraph, start: np.ndarray, end: np.ndarray, num_devices: int) -> np.ndarray:
+    """Peak bytes per device over the simulated step, from the buffers' lifetimes.
+
+    A compute task's output lives from its start, a transfer's received copy from the
+    moment the transfer is queued (its last predecessor's end), and a buffer until the
+    last task reading it ends (its own end when nothing reads it).  At equal times frees
+    come before allocations, as on a device where the next op starts once the previous
+    one has released its inputs.  Vectorised over all buffers (a lexsort and a cumsum),
+    so the event loop carries no memory bookkeeping.
+    """
+    T = len(start)
+    static = tg.static_mem.astype(np.int64)
+    buf = np.flatnonzero((tg.alloc_dev >= 0) & (tg.alloc_bytes != 0))
+    if not len(buf):
+        return static.copy()
+    queued = np.zeros(T)
+    if len(tg.succ_idx):
+        np.maximum.at(queued, tg.succ_idx, end[np.repeat(np.arange(T), np.diff(tg.succ_ptr))])
+    t_alloc = np.where(tg.kind == COMPUTE, start, queued)
+    t_free = end.copy()
+    if len(tg.use_idx):
+        np.maximum.at(t_free, tg.use_idx, end[np.repeat(np.arange(T), np.diff(tg.use_ptr))])
+    nb = tg.alloc_bytes[buf].astype(np.int64)
+    dev = np.concatenate([tg.alloc_dev[buf], tg.alloc_dev[buf]])
+    when = np.concatenate([t_free[buf], t_alloc[buf]])
+    delta = np.concatenate([-nb, nb])
+    # frees are concatenated first, so stable sorts put them before allocations at equal times
+    by_time = np.argsort(when, kind="stable")
+    order = by_time[np.argsort(dev[by_time].astype(np.int32), kind="stable")]
+    running = np.cumsum(delta[order])
+    dev_sorted = dev[order]
+    counts = np.bincount(dev_sorted, minlength=num_devices)
+    first = np.cumsum(counts) - counts
+    present = np.flatnonzero(counts)
+    # running total within each device's segment, then its maximum
+    base = np.zeros(num_devices, dtype=np.int64)
+    base[present] = np.where(first[present] > 0, running[first[present] - 1], 0)
+    running -= base[dev_sorted]
+    peak = static.copy()
+    peak[present] += np.maximum(np.maximum.reduceat(running, first[present]), 0)
+    return peak

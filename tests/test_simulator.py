@@ -213,6 +213,54 @@ def test_memory_follows_liveness(cluster4, costs4):
     assert res2.peak_memory_bytes[0] == 1000 + 5000 + 10
 
 
+def brute_force_peak(res) -> list[int]:
+    """Largest live set per device at any allocation instant, buffer by buffer in plain Python.
+
+    A buffer lives from its allocation (a compute task's start; a transfer's queueing, i.e.
+    its last predecessor's end) up to, not including, the end of its last reader."""
+    tg, tl = res.taskgraph, res.timeline
+    T = tg.num_tasks
+    preds: list[list[int]] = [[] for _ in range(T)]
+    readers: list[list[int]] = [[] for _ in range(T)]
+    for t in range(T):
+        for s in tg.succ_idx[tg.succ_ptr[t]:tg.succ_ptr[t + 1]]:
+            preds[s].append(t)
+        for b in tg.use_idx[tg.use_ptr[t]:tg.use_ptr[t + 1]]:
+            readers[b].append(t)
+    live = []
+    for b in range(T):
+        if tg.alloc_dev[b] < 0 or tg.alloc_bytes[b] == 0:
+            continue
+        born = tl.start[b] if tg.kind[b] == COMPUTE else max((tl.end[p] for p in preds[b]), default=0.0)
+        dies = max([tl.end[b]] + [tl.end[r] for r in readers[b]])
+        live.append((int(tg.alloc_dev[b]), born, dies, int(tg.alloc_bytes[b])))
+    peak = [int(x) for x in tg.static_mem]
+    for d, x, _, _ in live:
+        now = int(tg.static_mem[d]) + sum(nb for dd, born, dies, nb in live if dd == d and born <= x < dies)
+        peak[d] = max(peak[d], now)
+    return peak
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=random_dags(12), seed=st.integers(0, 2**16), order=st.sampled_from(engine.MODES))
+def test_peak_memory_is_the_largest_live_set(g, seed, order):
+    rng = np.random.default_rng(seed)
+    g.out_bytes[:] = rng.integers(0, 5_000_000, g.num_nodes)
+    g.free[:] = rng.random(g.num_nodes) < 0.2
+    cl = make_cluster(3)
+    res = simulate(g, Strategy.placement(rng.integers(0, 3, g.num_nodes)), cl, AnalyticalCostModel(cl), order)
+    assert res.peak_memory_bytes == brute_force_peak(res)
+
+
+def test_an_order_that_deadlocks_names_a_waiting_task(cluster4, costs4):
+    # the engine's own guard: a device told to run b before a, where b reads a
+    g = make_graph(2, [(0, 1)])
+    tg = simulate(g, Strategy.placement([0, 0]), cluster4, costs4).taskgraph
+    tg.prio[:] = tg.prio[::-1].copy()
+    with pytest.raises(engine.SimulationError, match="2 of 2 tasks not run .first waiting task 0.*deadlocks"):
+        engine.run(tg, 4, len(cluster4.links), "strict")
+
+
 def test_oom_is_a_flag_not_a_crash():
     cl = make_cluster(2, mem_GiB=0.001)
     g = make_graph(2, [(0, 1)], None, [10])
