@@ -30,12 +30,38 @@ The captured joint forward + backward + SGD-update graph is turned into an
   partial result that feeds a replicated op - the weight gradients before their update -
   asynchronously, waiting just before the update (or at the end of the step).  Batch
   statistics (BatchNorm) stay per rank, as in DDP without SyncBatchNorm;
-* anything else is refused with :class:`RealRunError`: other parallel configs (channel,
-  spatial, a mix of configs and placements) are simulated only; a graph rewritten by an
-  algorithm (FD-DPS's split sub-ops, Celeritas's coarse nodes) has no executable form; a
-  layer-graph (OptCNN / PaSE) strategy runs only when it is pure data parallelism (each
-  layer ``{sample: k}`` on the same devices), which executes as above.  Layer-granularity op
-  graphs (``graph.granularity=layer``) run by expanding each coarse node into its aten ops.
+* **channel-parallel layers** (a layer-graph strategy - OWT, OptCNN, PaSE - whose every layer is
+  ``{sample: k}`` or, for an ``nn.Linear`` or an elementwise layer, ``{channel: k}``, all on the
+  same k devices): the data-parallel program above, in which the aten ops of those layers hold
+  other *representations* (:class:`ChannelPlan`) and a value is converted, with a blocking
+  collective over the k ranks, where its consumer needs another one.  On rank p a value is
+  ``L`` (its batch shard, all features: what data parallelism computes), ``C`` (the full
+  batch, its p-th slice of the features), ``W`` (its p-th slice of the rows - output features -
+  of a linear layer's weight and bias, of their gradients and updated values) or ``P`` (a
+  full-batch partial sum).  A channel-parallel linear layer reads its input in full (``R``:
+  ``L`` -> all-gather of the batch shards, ``C`` -> all-gather of the feature slices), multiplies
+  it by its weight rows (``addmm`` with the bias slice) and outputs ``C``; its input gradient is
+  the output gradient in ``C`` times the weight rows, a ``P`` summed by an all-reduce (each rank
+  then takes its rows, ``L``, or its features, ``C``); its weight and bias gradients are the
+  products with the full input and the batch sum of the ``C`` output gradient, divided by k -
+  every rank's loss is the mean over its own B/k samples, so this is the mean of the k local
+  gradients, as data parallelism's all-reduce - and stay local (no gradient all-reduce), as
+  does the SGD update of the slice.  A channel-parallel elementwise layer (``tanh`` / ``relu``
+  after a linear layer, OWT's choice) runs its forward and backward ops on ``C``.  ``C`` -> ``L``
+  and ``L`` -> ``C`` are an all-to-all: a linear layer's output read by a data-parallel layer is
+  re-split by sample.  The results equal data parallelism's (``reference_outputs(shards=k)``)
+  up to the order of floating-point sums; the step's reported gradients and updated parameters
+  of those layers are the slices concatenated over the ranks (an all-gather after the step).
+  Measured as ``mode: channel_parallel``; the conversions are not counted in the ranks' busy
+  time.  Ranks keep only their slices, so a channel-parallel layer's weights are never whole;
+* anything else is refused with :class:`RealRunError`: other parallel configs (channel-parallel
+  convolutions or views, spatial splits, a sample x channel split, a mix of configs and
+  placements, layers on different device sets) are simulated only, and the message names the
+  layer; so is a linear layer outside the pattern above (called twice, a weight shared with
+  another op such as a tied output projection, a non-nn.Linear product).  A graph rewritten by
+  an algorithm (FD-DPS's split sub-ops, Celeritas's coarse nodes) has no executable form.  On an
+  op graph only pure placements and pure data parallelism run.  Layer-granularity op graphs
+  (``graph.granularity=layer``) run by expanding each coarse node into its aten ops.
 
 Step time (Celeritas Sec. 6): ``warmup`` steps are discarded and the mean of the next
 ``steps`` is reported.  Each step starts at a barrier; its time is that of its longest rank,
@@ -95,7 +121,7 @@ class Job:
     """Everything a rank needs (pickled to the workers)."""
 
     world: int
-    mode: str  # placement | data_parallel
+    mode: str  # placement | data_parallel | channel_parallel
     backend: str
     device: str  # cpu | cuda
     threads: int
@@ -110,6 +136,10 @@ class Job:
     full_batch: int = 0
     collect: bool = False
     timeout_s: float = 600.0
+    #: channel_parallel: parameter placeholder -> rows of it each rank keeps (its slice of output features)
+    param_rows: dict[int, int] = field(default_factory=dict)
+    #: channel_parallel: outputs (``grad<j>``, ``new<j>``) that are slices, concatenated over the ranks along dim 0
+    gather: list[str] = field(default_factory=list)
 
 
 class _Emitter:
@@ -163,9 +193,9 @@ class _Emitter:
             return "(" + "".join(self.expr(v, name_of) + ", " for v in x) + ")"
         return self.const(x)
 
-    def call(self, out: str, i: int, name_of: Any, timed: bool = True) -> None:
+    def call(self, out: str, i: int, name_of: Any, timed: bool = True, args_override: tuple[Any, ...] | None = None) -> None:
         ins = self.eg.instrs[i]
-        args = [self.expr(a, name_of) for a in ins.args]
+        args = [self.expr(a, name_of) for a in (ins.args if args_override is None else args_override)]
         args += [f"{k}={self.expr(v, name_of)}" for k, v in ins.kwargs.items()]
         fn = self.target(ins.target)
         if timed:
@@ -342,25 +372,57 @@ def placement_programs(eg: ExecGraph, dev: np.ndarray, order: np.ndarray, world:
     return progs
 
 
-def dp_program(eg: ExecGraph, order: np.ndarray, roles: np.ndarray, k: int) -> RankProgram:
-    """The program every data-parallel rank runs (the graph at batch B/k, gradient all-reduce)."""
+def dp_program(eg: ExecGraph, order: np.ndarray, roles: np.ndarray, k: int, chan: "ChannelPlan | None" = None) -> RankProgram:
+    """The program every data-parallel rank runs (the graph at batch B/k, gradient all-reduce).
+
+    With ``chan`` (a :class:`ChannelPlan`), the nodes of channel-parallel layers hold other
+    representations than the local batch shard and values are converted between
+    representations where a consumer needs another one (see the module docstring)."""
     n = eg.num_nodes
     cons = _consumers(eg)
     e = _Emitter(0, eg)
     body = e.lines
+    rep = chan.rep if chan is not None else ["L"] * n
     grads = {r.index for r in eg.grad_refs if r is not None and r.kind == "n"}
-    reduce = {i for i in range(n) if roles[i] == PARTIAL and (any(roles[c] == REPLICATED for c, so in cons[i] if not so) or i in grads)}
+    reduce = {i for i in range(n) if rep[i] == "L" and roles[i] == PARTIAL
+              and (any(roles[c] == REPLICATED and rep[c] == "L" for c, so in cons[i] if not so) or i in grads)}
     ph_read = _ph_readers(eg)
     prologue = [f"    ph{j} = PH[{j}]" for j in range(len(eg.placeholders)) if ph_read[j]]
     walk = sorted(range(n), key=lambda i: (int(order[i]), i))
-    reduced_for: dict[int, set[int]] = {i: {c for c, so in cons[i] if not so and roles[c] == REPLICATED} for i in reduce}
+    reduced_for: dict[int, set[int]] = {i: {c for c, so in cons[i] if not so and roles[c] == REPLICATED and rep[c] == "L"} for i in reduce}
+    converted: dict[tuple[Ref, str], str] = {}
+
+    def plain(ref: Ref) -> str:
+        return f"ph{ref.index}" if ref.kind == "p" else f"v{ref.index}"
+
+    def convert(ref: Ref, have: str, want: str) -> str:
+        """The name of ``ref``'s value in representation ``want`` (a collective emitted at first need)."""
+        key = (ref, want)
+        if key in converted:
+            return converted[key]
+        nm = f"{'x' if ref.kind == 'n' else 'y'}{want.lower()}{ref.index}"
+        src = plain(ref)
+        if have == "P" and want in ("L", "C"):
+            full = convert(ref, "P", "R")
+            line = f"{nm} = {'_rows' if want == 'L' else '_cols'}({full})"
+        elif (have, want) in _CONVERSIONS:
+            line = f"{nm} = {_CONVERSIONS[(have, want)]}({src})"
+        else:
+            raise RealRunError(f"internal: no conversion of {ref} from representation {have} to {want}")
+        body.append(f"    {line}")
+        converted[key] = nm
+        return nm
 
     def namer(consumer: int) -> Any:
         so = is_shape_only(eg.instrs[consumer].target)
+        wants = chan.needs.get(consumer, {}) if chan is not None else {}
+        default = "C" if rep[consumer] == "C" else "W" if rep[consumer] == "W" else "L"
 
         def name_of(ref: Ref) -> str:
             if ref.kind == "p":
-                return f"ph{ref.index}"
+                have = chan.ph_rep.get(ref.index, "L") if chan is not None else "L"
+                want = wants.get(ref, default if have == "W" else "L")
+                return f"ph{ref.index}" if want == have else convert(ref, have, want)
             i = ref.index
             if so:
                 nm = f"s{i}"
@@ -368,6 +430,9 @@ def dp_program(eg: ExecGraph, order: np.ndarray, roles: np.ndarray, k: int) -> R
                     body.append(f"    {nm} = _empty_strided({e.const(eg.instrs[i].out)})")
                     e.standins.add(nm)
                 return nm
+            have, want = rep[i], wants.get(ref, default)
+            if have != want:
+                return convert(ref, have, want)
             if i in reduce and consumer in reduced_for[i]:
                 return f"g{i}"
             return f"v{i}"
@@ -375,7 +440,10 @@ def dp_program(eg: ExecGraph, order: np.ndarray, roles: np.ndarray, k: int) -> R
         return name_of
 
     for i in walk:
-        e.call(f"v{i}", i, namer(i))
+        shape = chan.shape_args.get(i) if chan is not None else None
+        e.call(f"v{i}", i, namer(i), args_override=None if shape is None else (eg.instrs[i].args[0], shape))
+        if chan is not None and i in chan.scale:
+            body.append(f"    v{i}.div_({k})")  # a weight-gradient slice summed over the k local losses: their mean, as DP's all-reduce
         if i in reduce:
             private = all(c in reduced_for[i] for c, so in cons[i] if not so)
             meta = eg.instrs[i].out
@@ -418,21 +486,247 @@ def _insert_dels(lines: list[str], keep_nodes: set[int], keep_g: set[int] | None
     """Free each local value after its last use (``del``), as a real step frees activations."""
     import re
 
-    pat = re.compile(r"\b([vmsg])(\d+)\b")
+    # v: node values, m: received, s: stand-ins, g: all-reduced, x?/y?: a node's / placeholder's
+    # value converted to another representation (channel parallelism)
+    pat = re.compile(r"\b(v|m|s|g|x[lcr]|y[lcr])(\d+)\b")
     last: dict[str, int] = {}
     for ln, line in enumerate(lines):
         for kind, num in pat.findall(line):
             last[kind + num] = ln
     dels: dict[int, list[str]] = {}
     for name, ln in last.items():
-        num = int(name[1:])
-        if name[0] == "v" and num in keep_nodes:
+        kind, num = pat.fullmatch(name).groups()  # type: ignore[union-attr]
+        if kind == "v" and int(num) in keep_nodes:
             continue
-        if name[0] == "g" and keep_g is not None and num in keep_g:
+        if kind == "g" and keep_g is not None and int(num) in keep_g:
             continue
         dels.setdefault(ln, []).append(name)
     for ln in sorted(dels, reverse=True):
         lines.insert(ln + 1, "    del " + ", ".join(sorted(dels[ln])))
+
+
+# ---------------------------------------------------------------------------- channel parallelism
+#: (have, want) -> the collective of :func:`_compile` that converts a value between representations
+_CONVERSIONS = {("L", "R"): "_ag_rows", ("L", "C"): "_a2a_lc", ("C", "L"): "_a2a_cl", ("C", "R"): "_ag_cols", ("P", "R"): "_ar"}
+
+#: shape-agnostic aten ops (no size arguments) that may run on a slice of a tensor: the ops of a
+#: channel-parallel elementwise layer, and the optimizer's update of a sliced parameter
+_SLICEABLE = {
+    "relu", "tanh", "sigmoid", "gelu", "silu", "leaky_relu", "elu", "hardtanh", "detach", "alias", "clone", "neg", "sqrt", "rsqrt",
+    "threshold_backward", "tanh_backward", "sigmoid_backward", "gelu_backward", "silu_backward", "leaky_relu_backward",
+    "elu_backward", "hardtanh_backward", "add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp",
+}
+_VIEWS = {"view", "_unsafe_view", "reshape"}
+
+
+@dataclass
+class ChannelPlan:
+    """How the data-parallel program runs channel-parallel layers (built by :func:`channel_plan`).
+
+    ``rep[i]`` is the representation node i's value has on a rank: ``L`` its batch shard (all
+    features; what data parallelism computes), ``C`` the full batch's rows of its slice of the
+    features (a channel-parallel layer's output), ``P`` a full-batch partial sum (a
+    channel-parallel layer's input gradient before the sum over ranks), ``W`` the rank's slice
+    of a parameter or of its gradient (output features, rows of the weight), ``T`` a transposed
+    ``C`` / ``R`` operand of a weight-gradient product.  ``R`` (the full tensor) exists only as
+    a conversion.  A node reads each input in ``needs[i][ref]`` when given, else in its own
+    representation (``L`` for ``L``, ``P`` and ``T`` nodes have explicit needs).
+    """
+
+    k: int
+    rep: list[str]
+    needs: dict[int, dict[Ref, str]]
+    scale: set[int]  # weight-gradient sums over the full batch: divided by k (the mean of the k local losses' gradients)
+    shape_args: dict[int, list[int]]  # views of a gradient slice: the per-rank shape argument
+    ph_rep: dict[int, str]  # sliced parameter placeholder -> "W"
+    param_rows: dict[int, int]  # sliced parameter placeholder -> rows per rank
+    layers: list[str]  # the channel-parallel layers, for messages
+
+
+def _short_target(target: str) -> str:
+    return target.split(".")[1] if target.startswith("aten.") else target
+
+
+def _simulated(what: str, layer: str, why: str) -> RealRunError:
+    return RealRunError(f"{what}: channel-parallel layer {layer!r}: {why}; sim=realrun cannot execute it, this plan is simulated only")
+
+
+def channel_plan(eg: ExecGraph, graph: OpGraph, lg: Any, linear: Sequence[int], elementwise: Sequence[int], k: int,
+                 what: str) -> ChannelPlan:
+    """Representations of every node of the per-rank graph (batch B/k) when the layer-graph
+    nodes ``linear`` (nn.Linear) and ``elementwise`` run channel-parallel over k ranks and every
+    other layer data-parallel; refuses, naming the layer, any op that does not fit the pattern
+    (a weight shared with another op, a linear layer called twice, a non-2-D activation...)."""
+    from harness.graph import BACKWARD, FORWARD
+
+    n = eg.num_nodes
+    rep = ["L"] * n
+    needs: dict[int, dict[Ref, str]] = {}
+    scale: set[int] = set()
+    shape_args: dict[int, list[int]] = {}
+    axis: dict[Ref, int] = {}  # W values: the axis that holds the output features
+    preset: set[int] = set()
+    cons = _consumers(eg)
+    ph_index = {p.name: j for j, p in enumerate(eg.placeholders) if p.kind == "param"}
+    param_rows: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
+    for c in range(n):
+        for r in {r for r in eg.refs(c) if r.kind == "p"}:
+            readers.setdefault(r.index, []).append(c)
+
+    def node(ref: Any) -> int | None:
+        return ref.index if isinstance(ref, Ref) and ref.kind == "n" else None
+
+    def tgt(i: int) -> str:
+        return _short_target(eg.instrs[i].target)
+
+    for v in linear:
+        name = lg.names[v]
+        pnames = list((lg.attrs[v] or {}).get("params") or {})
+        js = [ph_index.get(p) for p in pnames]
+        if not pnames or None in js:
+            raise _simulated(what, name, f"its parameters {pnames} are not parameters of the captured graph")
+        shapes = {j: eg.placeholders[j].meta.shape for j in js}
+        weights = [j for j in js if len(shapes[j]) == 2]
+        biases = [j for j in js if len(shapes[j]) == 1]
+        if len(weights) != 1 or len(biases) > 1 or len(weights) + len(biases) != len(js):
+            raise _simulated(what, name, f"expected a 2-D weight and at most a 1-D bias, got parameters {shapes}")
+        jw, jb = weights[0], (biases[0] if biases else None)
+        out = shapes[jw][0]
+        if out % k or (jb is not None and shapes[jb] != (out,)):
+            raise _simulated(what, name, f"its {out} output features do not split into {k} equal slices")
+        for j in (jw, jb):
+            if j is not None:
+                param_rows[j] = out // k
+                axis[Ref("p", j)] = 0
+        # forward: addmm(bias, x, t(W)) or mm(x, t(W)), once
+        t1 = [c for c in readers.get(jw, []) if tgt(c) == "t"]
+        fwd = [c for t in t1 for c, _ in cons[t] if tgt(c) in ("addmm", "mm") and graph.phase[c] == FORWARD
+               and eg.instrs[c].args[-1] == Ref("n", t)]
+        if len(fwd) != 1:
+            raise _simulated(what, name, f"expected one forward matrix product with its transposed weight, found {len(fwd)} "
+                             "(a layer called several times, or not an nn.Linear)")
+        f = fwd[0]
+        fins = eg.instrs[f]
+        x = fins.args[-2]
+        if not isinstance(x, Ref) or (tgt(f) == "addmm") != (jb is not None) or (jb is not None and fins.args[0] != Ref("p", jb)):
+            raise _simulated(what, name, f"its forward product {fins.target} does not read the input, the layer's bias and weight")
+        rep[f] = "C"
+        needs[f] = {a: "W" for a in fins.args if isinstance(a, Ref) and a != x}
+        needs[f][x] = "R"
+        preset.add(f)
+        # weight gradient: t(...t(mm(t(G), X))) [out, in] or mm(t(X), G) [in, out]
+        gw = eg.grad_refs[jw]
+        m = node(gw)
+        while m is not None and tgt(m) == "t":
+            m = node(eg.instrs[m].args[0])
+        if m is None or tgt(m) != "mm":
+            raise _simulated(what, name, "its weight gradient is not a matrix product of the output gradient and the input")
+        a0, a1 = eg.instrs[m].args
+        a = node(a0)
+        if a is None or tgt(a) != "t":
+            raise _simulated(what, name, "its weight gradient is not a matrix product of the output gradient and the input")
+        y = eg.instrs[a].args[0]
+        if a1 == x:
+            grad, needs[a], axis[Ref("n", m)] = y, {y: "C"}, 0
+        elif y == x:
+            grad, needs[a], axis[Ref("n", m)] = a1, {y: "R"}, 1
+        else:
+            raise _simulated(what, name, "its weight gradient does not read the layer's forward input")
+        if any(c != m for c, so in cons[a] if not so):
+            raise _simulated(what, name, f"the transposed operand of its weight gradient (node {a}) has other readers")
+        rep[a], rep[m] = "T", "W"
+        needs[m] = {a0: "T", a1: "R" if a1 == x else "C"}
+        scale.add(m)
+        preset.update((a, m))
+        # bias gradient: view(sum(G, [0], keepdim)) or sum(G, [0])
+        if jb is not None:
+            sb = node(eg.grad_refs[jb])
+            while sb is not None and tgt(sb) in _VIEWS:
+                sb = node(eg.instrs[sb].args[0])
+            sins = eg.instrs[sb] if sb is not None else None
+            if sins is None or sins.target != "aten.sum.dim_IntList" or sins.args[0] != grad or list(sins.args[1]) not in ([0], [-2]):
+                raise _simulated(what, name, "its bias gradient is not the sum over the batch of its output gradient")
+            keepdim = bool(sins.args[2]) if len(sins.args) > 2 else bool(sins.kwargs.get("keepdim", False))
+            rep[sb], needs[sb], axis[Ref("n", sb)] = "W", {grad: "C"}, (1 if keepdim else 0)
+            scale.add(sb)
+            preset.add(sb)
+    names_of_layers = [lg.names[v] for v in linear]
+    # channel-parallel elementwise layers: every op of the module on the rank's feature slice
+    for v in elementwise:
+        name = lg.names[v]
+        ops = [i for i in range(n) if graph.layer_names[graph.layer[i]] == name]
+        if not ops:
+            raise _simulated(what, name, "no op of the captured graph belongs to it")
+        for i in ops:
+            ins = eg.instrs[i]
+            meta = ins.out
+            if tgt(i) not in _SLICEABLE or not isinstance(meta, TensorMeta) or len(meta.shape) != 2 or meta.shape[1] % k:
+                raise _simulated(what, name, f"its op {ins.target} (node {i}) is not an elementwise op on a 2-D (batch, features) "
+                                 f"tensor with features divisible by {k}")
+            for r in eg.refs(i):
+                rm = eg.instrs[r.index].out if r.kind == "n" else eg.placeholders[r.index].meta
+                if not isinstance(rm, TensorMeta) or rm.shape != meta.shape:
+                    raise _simulated(what, name, f"its op {ins.target} (node {i}) broadcasts an operand")
+            rep[i] = "C"
+            preset.add(i)
+        names_of_layers.append(name)
+    # the rest, in node order: what reads a weight slice is a view of it, its product with an
+    # output gradient (the input gradient, a partial sum) or an elementwise update of it
+    def is_w(r: Ref) -> bool:
+        return r in axis and (r.kind == "p" or rep[r.index] == "W")
+
+    for i in range(n):
+        ins = eg.instrs[i]
+        refs = eg.refs(i)
+        ws = [r for r in refs if is_w(r)]
+        if i in preset:
+            if ws and i not in needs:
+                raise _simulated(what, ", ".join(names_of_layers), f"node {i} ({ins.target}) reads a parameter slice")
+            continue
+        if not ws:
+            continue
+        t = tgt(i)
+        layer = graph.layer_names[graph.layer[i]]
+        meta = ins.out
+        if is_shape_only(ins.target) or not isinstance(meta, TensorMeta):
+            raise _simulated(what, layer, f"node {i} ({ins.target}) reads a parameter slice")
+        if t == "t" and len(meta.shape) == 2:
+            rep[i], axis[Ref("n", i)] = "W", 1 - axis[ws[0]]
+        elif t == "mm" and ins.args[1] in ws and axis[ins.args[1]] == 0 and not is_w(ins.args[0]) and graph.phase[i] == BACKWARD:
+            rep[i], needs[i] = "P", {ins.args[0]: "C", ins.args[1]: "W"}
+        elif t in _VIEWS and len(ws) == 1 and ws[0] == ins.args[0]:
+            src = eg.instrs[ws[0].index].out if ws[0].kind == "n" else eg.placeholders[ws[0].index].meta
+            big_in = [d for d, s in enumerate(src.shape) if s != 1]
+            big_out = [d for d, s in enumerate(meta.shape) if s != 1]
+            if big_in != [axis[ws[0]]] or len(big_out) != 1:
+                raise _simulated(what, layer, f"node {i} ({ins.target}) reshapes a gradient slice across its feature axis")
+            rep[i], axis[Ref("n", i)] = "W", big_out[0]
+            shape_args[i] = [s // k if d == big_out[0] else s for d, s in enumerate(meta.shape)]
+        elif t in _SLICEABLE and all(is_w(r) for r in refs) and all(
+                (eg.instrs[r.index].out if r.kind == "n" else eg.placeholders[r.index].meta).shape == meta.shape for r in refs):
+            rep[i], axis[Ref("n", i)] = "W", axis[ws[0]]
+        else:
+            raise _simulated(what, layer, f"node {i} ({ins.target}) reads a parameter slice of a channel-parallel layer "
+                             "(a shared weight, or an op other than the layer's products and the optimizer's update)")
+    # nothing else may read a W or T value, and sliced parameters leave the step as slices
+    for i in range(n):
+        for r in eg.refs(i):
+            have = rep[r.index] if r.kind == "n" else ("W" if r in axis else "L")
+            want = needs.get(i, {}).get(r, "W" if rep[i] == "W" else "C" if rep[i] == "C" else "L")
+            if have != want and (have in ("W", "T") or want in ("W", "T")):
+                layer = graph.layer_names[graph.layer[i]]
+                raise _simulated(what, layer, f"node {i} ({eg.instrs[i].target}) reads a sliced value as a whole")
+    for j in param_rows:
+        for refs in (eg.grad_refs, eg.new_param_refs):
+            r = refs[j]
+            if r is None or r.kind != "n" or rep[r.index] != "W" or axis.get(r) != 0:
+                raise _simulated(what, eg.placeholders[j].name, "its gradient or update is not computed on the rank's slice")
+    for j, r in enumerate(eg.grad_refs):
+        if j not in param_rows and r is not None and r.kind == "n" and rep[r.index] != "L":
+            why = "the gradient of this data-parallel parameter is not computed on the batch shard"
+            raise _simulated(what, eg.placeholders[j].name, why)
+    return ChannelPlan(k, rep, needs, scale, shape_args, {j: "W" for j in param_rows}, param_rows, names_of_layers)
 
 
 # ---------------------------------------------------------------------------- planning
@@ -469,6 +763,49 @@ def _uniform_sample_config(strategy: Strategy, what: str, names: Sequence[str]) 
                 "device sets per node is only simulated"
             )
     return tuple(first.devices)
+
+
+def _split(cfg: Any) -> dict[str, int]:
+    """The dims a config splits (degree > 1); {} for a placed node."""
+    return {} if cfg is None else {d: n for d, n in cfg.dims if n > 1}
+
+
+def _layer_channel_split(lg: Any, strategy: Strategy, what: str) -> tuple[tuple[int, ...], list[int], list[int]]:
+    """The devices, channel-parallel linear layers and channel-parallel elementwise layers of a
+    layer-graph strategy whose layers are each ``{sample: k}`` or ``{channel: k}`` (linear or
+    elementwise) on the same k devices; anything else is refused, naming the layer."""
+    devs: tuple[int, ...] | None = None
+    first = ""
+    linear, elementwise = [], []
+    for v in range(lg.num_nodes):
+        kind, name = lg.kinds[v], lg.names[v]
+        if kind == "input":
+            continue
+        cfg = strategy.config_of(v)
+        if cfg is None:
+            raise RealRunError(f"{what}: layer {name!r} is placed on device {int(strategy.device[v])} while other layers carry parallel "
+                               "configs; a mix of placement and configs is simulated only")
+        split = _split(cfg)
+        if devs is None:
+            devs, first = tuple(sorted(cfg.devices)), name
+        k = len(devs)
+        if tuple(sorted(cfg.devices)) != devs:
+            raise RealRunError(f"{what}: layer {name!r} has config {cfg} but layer {first!r} runs on devices {list(devs)}; configs on "
+                               "different device sets are simulated only (sim=realrun runs every layer on the same k devices)")
+        if split == {"sample": k}:
+            continue
+        if split == {"channel": k} and kind == "linear":
+            linear.append(v)
+        elif split == {"channel": k} and kind == "elementwise":
+            elementwise.append(v)
+        else:
+            raise RealRunError(
+                f"{what}: layer {name!r} ({kind}) has config {cfg}, a {' x '.join(f'{d}={n}' for d, n in split.items()) or 'degree-1'} "
+                f"split; sim=realrun executes {{sample: {k}}} (data parallelism) and {{channel: {k}}} on linear and elementwise layers "
+                "over the same devices - this config is simulated only"
+            )
+    assert devs is not None
+    return devs, linear, elementwise
 
 
 def _cores(world: int, threads: int) -> tuple[list[list[int]], bool]:
@@ -553,12 +890,15 @@ class RealRun:
         if _is_layer_graph(graph):
             inputs = np.array([k == "input" for k in graph.kinds], dtype=bool)
             keep = ~inputs
+            if any(_split(strategy.config_of(v)).get("channel", 1) > 1 for v in np.flatnonzero(keep)):
+                devs, linear, elementwise = _layer_channel_split(graph, strategy, what)
+                return self._dp_job(devs, num_devices, collect, "aten", int(self.source.batch_size), None, (graph, linear, elementwise))
             sub = Strategy(strategy.device[keep], strategy.order[keep], strategy.config_id[keep], strategy.configs)
             try:
                 devs = _uniform_sample_config(sub, f"{what} (layer graph)", [n for n, k in zip(graph.names, keep) if k])
             except RealRunError as e:
-                raise RealRunError(f"{e}. Of layer-graph (OptCNN / PaSE) strategies only pure data parallelism runs for real; "
-                                   "channel-parallel layers (OWT, model parallelism) and other configs are simulated only") from None
+                raise RealRunError(f"{e}. Of layer-graph (OptCNN / PaSE) strategies only data parallelism with channel-parallel "
+                                   "linear (and elementwise) layers runs for real; other configs are simulated only") from None
             if devs is None:
                 raise RealRunError(f"{what}: a layer-graph strategy without parallel configs cannot be executed")
             return self._dp_job(devs, num_devices, collect, "aten", int(self.source.batch_size), None)
@@ -616,7 +956,10 @@ class RealRun:
                 "algorithm (FD-DPS split sub-ops, Celeritas coarse nodes) or loaded from a file, and has no executable form; "
                 "it is only simulated (sim=default)")
 
-    def _dp_job(self, devs: tuple[int, ...], num_devices: int, collect: bool, granularity: str, B: int, order: np.ndarray | None) -> Job:
+    def _dp_job(self, devs: tuple[int, ...], num_devices: int, collect: bool, granularity: str, B: int, order: np.ndarray | None,
+                channels: tuple[Any, list[int], list[int]] | None = None) -> Job:
+        """Data parallelism over ``devs``; ``channels`` = (layer graph, its channel-parallel
+        linear layers, its channel-parallel elementwise layers) runs those channel-parallel."""
         k = len(devs)
         if B % k:
             raise RealRunError(f"model {self.source.name!r}: data parallelism over {k} devices needs a batch divisible by {k}, got {B}")
@@ -631,14 +974,23 @@ class RealRun:
             )
         if order is None or len(order) != g.num_nodes:
             order = np.arange(g.num_nodes)
-        prog = dp_program(eg, np.asarray(order), g.batch_role, k)
+        chan = None
+        if channels is not None:
+            lg, linear, elementwise = channels
+            chan = channel_plan(eg, g, lg, linear, elementwise, k, f"model {self.source.name!r}")
+        prog = dp_program(eg, np.asarray(order), g.batch_role, k, chan)
         progs = []
         idle = RankProgram(0, "def step(PH, RB, W):\n    return 0.0, {}", [], [], [], 0, 0, 0)
         for r in range(num_devices):
             p = copy.copy(prog if r in devs else idle)
             p.rank = r
             progs.append(p)
-        return self._job("data_parallel", eg, progs, num_devices, collect, list(devs), B)
+        if chan is None:
+            return self._job("data_parallel", eg, progs, num_devices, collect, list(devs), B)
+        job = self._job("channel_parallel", eg, progs, num_devices, collect, list(devs), B)
+        job.param_rows = dict(chan.param_rows)
+        job.gather = [f"{kind}{j}" for j in sorted(chan.param_rows) for kind in ("grad", "new")]
+        return job
 
     def _job(self, mode: str, eg: ExecGraph, progs: list[RankProgram], world: int, collect: bool, dp: list[int], full_batch: int) -> Job:
         device = self._device()
@@ -720,7 +1072,9 @@ def _setup_rank(job: Job, rank: int, local_rank: int) -> tuple[Any, Any]:
     return torch.device("cpu"), torch
 
 
-def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, k: int) -> Any:
+def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, k: int, pos: int = 0) -> Any:
+    """This rank's ``step(PH, RB)``; ``pos`` is its position among the k data-parallel ranks
+    (its batch shard and, with channel parallelism, its slice of the features)."""
     import torch
 
     W: list[Any] = []
@@ -756,9 +1110,48 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
     def _allreduce(t: Any) -> Any:
         return dist.all_reduce(t, group=dp_group, async_op=True)
 
+    # channel parallelism: conversions between representations (see ChannelPlan), blocking
+    # collectives over the k data-parallel ranks; rows are samples (batch-major), columns features
+    def _ag_rows(t: Any) -> Any:  # L [b, f] -> R [k*b, f]
+        out = torch.empty((k * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+        dist.all_gather(list(out.chunk(k, 0)), t.contiguous(), group=dp_group)
+        return out
+
+    def _ag_cols(t: Any) -> Any:  # C [B, f/k] -> R [B, f]
+        parts = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for _ in range(k)]
+        dist.all_gather(parts, t.contiguous(), group=dp_group)
+        return torch.cat(parts, 1)
+
+    def _a2a_lc(t: Any) -> Any:  # L [b, f] -> C [k*b, f/k]: feature block q goes to rank q
+        b, f = t.shape
+        send = t.reshape(b, k, f // k).transpose(0, 1).contiguous()
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=dp_group)
+        return recv.view(k * b, f // k)
+
+    def _a2a_cl(t: Any) -> Any:  # C [k*b, f/k] -> L [b, f]: rows of rank q go to rank q
+        rows, o = t.shape
+        send = t.contiguous()
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=dp_group)
+        return recv.view(k, rows // k, o).transpose(0, 1).reshape(rows // k, k * o)
+
+    def _ar(t: Any) -> Any:  # P [B, f] -> R [B, f], summed in place
+        dist.all_reduce(t, group=dp_group)
+        return t
+
+    def _rows(t: Any) -> Any:  # R -> L: this rank's samples
+        b = t.shape[0] // k
+        return t.narrow(0, pos * b, b)
+
+    def _cols(t: Any) -> Any:  # R -> C: this rank's features
+        o = t.shape[1] // k
+        return t.narrow(1, pos * o, o).contiguous()
+
     ns: dict[str, Any] = {
         "K": prog.consts, "DEV": device, "_pc": time.perf_counter, "_send": _send, "_irecv": _irecv, "_drain": _drain,
         "_empty": _empty, "_empty_strided": _empty_strided, "_own": _own, "_allreduce": _allreduce,
+        "_ag_rows": _ag_rows, "_ag_cols": _ag_cols, "_a2a_lc": _a2a_lc, "_a2a_cl": _a2a_cl, "_ar": _ar, "_rows": _rows, "_cols": _cols,
     }
     for i, t in enumerate(prog.targets):
         ns[f"F{i}"] = resolve(t)
@@ -774,16 +1167,20 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
 
     pg = dist.group.WORLD
     dp_group = None
-    if job.mode == "data_parallel":
+    dp = job.mode in ("data_parallel", "channel_parallel")
+    if dp:
         dp_group = pg if sorted(job.dp_devices) == list(range(job.world)) else dist.new_group(sorted(job.dp_devices))
     prog = job.programs[rank]
-    if job.mode == "data_parallel":
-        shard = (job.dp_devices.index(rank), len(job.dp_devices)) if rank in job.dp_devices else (0, len(job.dp_devices))
-        PH = initial_state(job.source, job.eg, job.seed, device, batch=job.full_batch, shard=shard)
+    k = len(job.dp_devices)
+    pos = job.dp_devices.index(rank) if rank in job.dp_devices else 0
+    if dp:
+        PH = initial_state(job.source, job.eg, job.seed, device, batch=job.full_batch, shard=(pos, k))
+        for j, rows in job.param_rows.items():  # channel-parallel layers: this rank's rows (output features) of W and b
+            PH[j] = PH[j].narrow(0, pos * rows, rows).clone()
     else:
         PH = initial_state(job.source, job.eg, job.seed, device)
     RB = {j: job.eg.placeholders[j].meta.empty(device) for j in prog.recv_params}
-    step = _compile(prog, device, dist, pg, dp_group, len(job.dp_devices))
+    step = _compile(prog, device, dist, pg, dp_group, k, pos)
     starts, ends, busy = [], [], []
     outputs: dict[str, Any] | None = None
     for s in range(job.warmup + job.steps):
@@ -797,11 +1194,17 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
         ends.append(t1)
         busy.append(b)
         if s == 0 and job.collect:
-            outputs = {k: (v.detach().cpu().clone() if hasattr(v, "detach") else v) for k, v in outs.items()}
-            if job.mode == "data_parallel" and "loss" in outs and rank in job.dp_devices:
+            outputs = {key: (v.detach().cpu().clone() if hasattr(v, "detach") else v) for key, v in outs.items()}
+            if dp and "loss" in outs and rank in job.dp_devices:
                 loss = outs["loss"].detach().clone()
                 dist.all_reduce(loss, group=dp_group)
                 outputs["loss"] = (loss / len(job.dp_devices)).cpu()
+            if rank in job.dp_devices:
+                for key in job.gather:  # the slices of a channel-parallel layer's parameters, concatenated
+                    t = outs[key].detach().contiguous()
+                    parts = [torch.empty_like(t) for _ in job.dp_devices]
+                    dist.all_gather(parts, t, group=dp_group)
+                    outputs[key] = torch.cat(parts, 0).cpu()
         del outs
     dist.barrier()
     rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],

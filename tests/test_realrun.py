@@ -1,11 +1,13 @@
 """sim=realrun on the CPU (2 gloo ranks): parallelizing never changes the maths.
 
 For every algorithm of conf/algo whose plan the real-run backend executes (an operator
-placement or data parallelism on the captured graph, or a layer-graph strategy that is pure
-data parallelism - OptCNN and PaSE choose one for the tiny ResNet), on small models, the
+placement or data parallelism on the captured graph, or a layer-graph strategy of data
+parallelism with channel-parallel linear and elementwise layers - OptCNN and PaSE choose pure
+data parallelism for the tiny ResNet, OWT channel-parallel classifiers), on small models, the
 loss, every gradient and every updated parameter of the first distributed step equal the
 single-process run of the same fx graph from the same initial state.  Plans that are only
-simulated (rewritten graphs, channel-parallel layers) are skipped with the refusal message.
+simulated (rewritten graphs, channel-parallel convolutions...) are skipped with the refusal
+message.  Channel-parallel layers get their own cases (``CHANNEL``): they must run.
 
 Tolerance: ``|got - ref| <= RTOL * |ref| + ATOL * max|ref|`` element-wise, RTOL = 1e-4,
 ATOL = 1e-5.  Both runs execute the same aten kernels on the same fp32 values; what may
@@ -56,6 +58,13 @@ MODELS: dict[str, tuple[list[str], bool]] = {
 }
 FAST = ["lenet5", "resnet_tiny"]
 SLOW = ["transformer_tiny"]
+#: an AlexNet small enough for the CPU (fully-connected layers 16 -> 64 -> 64 -> 10); only in CHANNEL
+MODELS["alexnet_tiny"] = (["model=alexnet", "model.batch_size=4", "model.image_size=67", "+model.module.widths=[8,16,16,16,16]",
+                           "+model.module.fc_width=64", "model.module.num_classes=10", "model.target.high=10"], False)
+#: layer-graph strategies with channel-parallel layers, run with the FAST cases: the OWT plan (linear
+#: layers and the activations after them channel-parallel, the rest data-parallel) and
+#: ``fc_channel`` (only the linear layers channel-parallel: their outputs are re-split by sample)
+CHANNEL = [("lenet5", "owt"), ("lenet5", "fc_channel@layergraph"), ("resnet_tiny", "owt"), ("alexnet_tiny", "owt")]
 
 
 def close(got: Any, ref: Any, what: str) -> None:
@@ -115,9 +124,9 @@ def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
                 except RealRunError as e:  # a rewritten graph (FD-DPS splits), channel-parallel layers: only simulated
                     cases[(m, a)] = f"{algo_name}: refused by sim=realrun: {e}"
                     continue
-                dp = job.mode == "data_parallel"
+                dp = job.mode in ("data_parallel", "channel_parallel")
                 cases[(m, a)] = {"src": src, "mode": job.mode, "k": len(job.dp_devices) if dp else 1, "gran": gran,
-                                 "sends": sum(p.sends for p in job.programs)}
+                                 "sends": sum(p.sends for p in job.programs), **_channel_info(job, plan.graph, plan.strategy)}
                 jobs.append(job)
                 keys.append((m, a))
         # a layer-graph (OptCNN-space) strategy: data parallelism on every layer
@@ -129,6 +138,12 @@ def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
         cases[(m, "data_parallel@layergraph")] = {"src": src, "mode": job.mode, "k": len(job.dp_devices), "gran": "layer graph", "sends": 0}
         jobs.append(job)
         keys.append((m, "data_parallel@layergraph"))
+    for m, a in CHANNEL if models == FAST else []:
+        if (m, a) in keys:  # planned above (owt is in ALGOS)
+            continue
+        cases[(m, a)] = _channel_case(m, a)
+        jobs.append(cases[(m, a)].pop("job"))
+        keys.append((m, a))
     for key, measured in zip(keys, launch_many(jobs)):
         cases[key]["measured"] = measured
     refs: dict[tuple[str, int], Any] = {}
@@ -144,6 +159,31 @@ def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
                 refs[full] = reference_outputs(c["src"], seed=0, shards=1)
             c["full"] = refs[full]
     return cases
+
+
+def _channel_case(model: str, algo: str) -> dict[str, Any]:
+    """A layer-graph strategy with channel-parallel layers, prepared (the job under ``"job"``)."""
+    from algorithms.layer_fixed import OWT, layer_strategy
+
+    src, cluster, costs, _, sim, cfg = _setup(model, "single_device", ["sim.warmup=1", "sim.steps=1"])
+    lg = src.layer_graph()
+    if algo == "owt":
+        strategy = OWT().plan(lg, cluster, costs).strategy
+    else:
+        dims = [{} if kd == "input" else {"channel": 2} if kd == "linear" else {"sample": 2} for kd in lg.kinds]
+        strategy = layer_strategy(lg, dims, cluster.num_devices)
+    sim.bind(src, 0, {"granularity": "aten", "optimizer": "sgd", "batch_probe": True})
+    job = sim.prepare(lg, strategy, cluster.num_devices, collect=True)
+    return {"src": src, "mode": job.mode, "k": len(job.dp_devices), "gran": "layer graph", "sends": 0, "job": job,
+            **_channel_info(job, lg, strategy)}
+
+
+def _channel_info(job: Any, graph: Any, strategy: Strategy) -> dict[str, Any]:
+    """What the channel-parallel test checks of a prepared job (nothing for other jobs)."""
+    if job.mode != "channel_parallel":
+        return {}
+    channel = [graph.names[v] for v in range(graph.num_nodes) if (c := strategy.config_of(v)) is not None and c.degree_of("channel") > 1]
+    return {"channel_layers": channel, "code": job.programs[0].code, "param_rows": dict(job.param_rows), "eg": job.eg}
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +226,30 @@ def test_distributed_step_equals_single_process_slow(slow_cases, model, algo):
     _check(slow_cases[(model, algo)], model, algo)
 
 
+@pytest.mark.parametrize("model,algo", CHANNEL)
+def test_channel_parallel_step_equals_single_process(fast_cases, model, algo):
+    """Channel-parallel linear (and elementwise) layers run for real (never skipped) and give the
+    data-parallel shards' loss, gradients and updated parameters (and, without BatchNorm, the
+    single-process run's); each rank holds only its rows of those layers' parameters."""
+    case = fast_cases[(model, algo)]
+    assert case["mode"] == "channel_parallel" and case["k"] == 2
+    linear = [n for n in case["channel_layers"] if any(p.name.startswith(n + ".") for p in case["eg"].placeholders)]
+    assert linear, "the strategy has no channel-parallel linear layer"
+    for name in linear:  # weight and bias of every channel-parallel linear layer are split in halves
+        js = [j for j, p in enumerate(case["eg"].placeholders) if p.name in (f"{name}.weight", f"{name}.bias")]
+        assert js and all(case["param_rows"][j] * 2 == case["eg"].placeholders[j].meta.shape[0] for j in js), name
+    code = case["code"]
+    assert "_ag_rows(" in code and ("_a2a_cl(" in code or "_ag_cols(" in code)  # the full batch in, features out
+    elementwise = [n for n in case["channel_layers"] if n not in linear]
+    if algo == "owt" and model != "resnet_tiny":  # the activations between fc layers stay feature-sliced (the
+        assert elementwise and "_ag_cols(" in code  # tiny ResNet has one fc layer, read by the loss)
+    if not elementwise:  # outputs re-split by sample for the data-parallel layers, input gradients summed over the ranks
+        assert "_a2a_cl(" in code and "_a2a_lc(" in code
+    if algo != "owt":
+        assert "_ar(" in code
+    _check(case, model, algo)
+
+
 def test_placements_really_exchange_tensors(fast_cases):
     c = fast_cases[("lenet5", "round_robin")]
     assert c["mode"] == "placement" and c["sends"] > 10
@@ -216,15 +280,39 @@ def test_refuses_mixed_and_non_sample_configs():
 
 
 def test_refuses_channel_parallel_layer_strategies():
-    """OWT (channel-parallel fully-connected layers) is simulated only; the message says so."""
-    from algorithms.layer_fixed import OWT
+    """Channel-parallel linear and elementwise layers run; every other config of a layer-graph
+    strategy is simulated only, and the message names the layer."""
+    from algorithms.layer_fixed import layer_strategy
 
     src, cluster, costs, algo, sim, cfg = _setup("lenet5", "single_device")
     lg = src.layer_graph()
-    plan = OWT().plan(lg, cluster, costs)
     sim.bind(src, 0, {"granularity": "aten"})
-    with pytest.raises(RealRunError, match=r"channel.*only pure data parallelism runs for real"):
-        sim.prepare(plan.graph, plan.strategy, 2)
+    # (hand-built strategies: what OptCNN picks on cpu2 depends on this machine's calibration)
+
+    def dims(n: int = 2, **over: dict[str, int]) -> list[dict[str, int]]:
+        """Linear layers {channel: n}, the others {sample: n}; ``over``: layer name (dots as _) -> dims."""
+        out = []
+        for v, kd in enumerate(lg.kinds):
+            d = {} if kd == "input" else {"channel": n} if kd == "linear" else {"sample": n}
+            out.append(over.get(lg.names[v].replace(".", "_"), d))
+        return out
+
+    cases = [
+        (dims(features_3={"channel": 2}), 2, r"layer 'features.3' \(conv2d\).*channel=2 split.*simulated only"),
+        (dims(features_3={"height": 2}), 2, r"layer 'features.3' \(conv2d\).*height=2 split.*simulated only"),
+        (dims(classifier_0={"channel": 2}), 2, r"layer 'classifier.0' \(view\).*channel=2 split.*simulated only"),
+        (dims(4, classifier_3={"sample": 2, "channel": 2}), 4, r"layer 'classifier.3' \(linear\).*sample=2 x channel=2.*simulated only"),
+        (dims(classifier_3={}), 2, r"layer 'classifier.3'.*different device sets are simulated only"),
+    ]
+    for d, n, msg in cases:
+        with pytest.raises(RealRunError, match=msg):
+            sim.prepare(lg, layer_strategy(lg, d, n), n)
+    # an elementwise layer may be channel-parallel only on (batch, features) activations, not after a convolution
+    with pytest.raises(RealRunError, match=r"channel-parallel layer 'features.1'.*2-D \(batch, features\).*simulated only"):
+        sim.prepare(lg, layer_strategy(lg, dims(features_1={"channel": 2}), 2), 2)
+    # a strategy that runs, for contrast: the fully-connected layers channel-parallel
+    job = sim.prepare(lg, layer_strategy(lg, dims(), 2), 2)
+    assert job.mode == "channel_parallel" and len(job.param_rows) == 6
 
 
 def test_refuses_rewritten_graphs_and_sources_without_a_module(tmp_path):
