@@ -14,6 +14,8 @@ is a cell with its reason, not a number.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -161,9 +163,42 @@ def write_readme(df: pd.DataFrame, best: pd.DataFrame, out: Path, cmd: str) -> N
     for r in best.itertuples():
         lines.append(f"| {r.model} | {r.cluster} | {r.best} | {r.step_time_s:.4g} | {r.vs_bound:.2f} | {r.runner_up} |")
     lines += ["", "Wins per algorithm: " + ", ".join(f"{a} {n}" for a, n in counts.items()) + ".", ""]
+    settings = {(r.model, r.cluster) for r in df.itertuples()}
+    no_fit = sorted(settings - {(r.model, r.cluster) for r in best.itertuples()})
+    if no_fit:
+        lines += ["No algorithm found a plan that fits in memory (every cell OOM, timeout or error) for: "
+                  + ", ".join(f"{m} @ {c}" for m, c in no_fit) + ".", ""]
     status = df["status"].value_counts().to_dict()
     lines += [f"Cells: {len(df)} ({', '.join(f'{k} {v}' for k, v in status.items())}); OOM in {int(df['oom'].fillna(False).astype(bool).sum())}.", ""]
+    lines += ["## Per algorithm", "",
+              "Search time is the median over the cells it finished (wall seconds on the machine that ran the grid);",
+              "x W/D is the median over its cells that fit in memory.", "",
+              "| algorithm | cells | fits | OOM | timeout | error | wins | median x W/D | median search (s) | max search (s) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for alg, g in df.groupby("algo", sort=True):
+        ok = g[g["status"] == "ok"]
+        fit = ok[~ok["oom"].astype(bool)]
+        search = ok["search_s"] if "search_s" in ok else pd.Series(dtype=float)
+        med_b = f"{fit['vs_bound'].median():.2f}" if len(fit) else "n/a"
+        med_s = f"{search.median():.3g}" if len(search.dropna()) else "n/a"
+        max_s = f"{search.max():.3g}" if len(search.dropna()) else "n/a"
+        lines.append(f"| {alg} | {len(g)} | {len(fit)} | {int(ok['oom'].astype(bool).sum())} | {int((g['status'] == 'timeout').sum())} | "
+                     f"{int((g['status'] == 'error').sum())} | {int(counts.get(alg, 0))} | {med_b} | {med_s} | {max_s} |")
+    lines.append("")
     (out / "README.md").write_text("\n".join(lines))
+
+
+def render(df: pd.DataFrame, out: Path, cmd: str) -> pd.DataFrame:
+    """best.csv, heatmap.png and README.md from the grid's table; returns the best per setting."""
+    for col in ("oom", "vs_bound", "step_time_s"):
+        if col not in df:
+            df[col] = np.nan
+    df["oom"] = df["oom"].fillna(False).astype(bool)
+    best = best_per_setting(df)
+    best.to_csv(out / "best.csv", index=False)
+    heatmap(df, out / "heatmap.png")
+    write_readme(df, best, out, cmd)
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None, help="seconds per cell (default 600, quick 60)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=None, help="output dir (default results/leaderboard)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--from-csv", default=None, metavar="CSV",
+                    help="no runs: redraw best.csv, heatmap.png and README.md from a leaderboard.csv (--command: how it was made)")
+    ap.add_argument("--command", default=None, help="with --from-csv: the command that produced the CSV, for the README")
+    args = list(sys.argv[1:] if argv is None else argv)
+    a = ap.parse_args(args)
+    if a.from_csv:
+        out = Path(a.out) if a.out else Path(a.from_csv).parent
+        best = render(pd.read_csv(a.from_csv), out, a.command or "python -m experiments leaderboard")
+        print(f"wrote {out}/best.csv, heatmap.png, README.md ({len(best)} settings)")
+        return 0
     models = a.models or (QUICK_MODELS if a.quick else MODELS)
     clusters = a.clusters or (QUICK_CLUSTERS if a.quick else CLUSTERS)
     algos = a.algos or algorithms()
@@ -195,11 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             df[col] = np.nan
     df["oom"] = df["oom"].fillna(False).astype(bool)
     df.to_csv(out / "leaderboard.csv", index=False)
-    best = best_per_setting(df)
-    best.to_csv(out / "best.csv", index=False)
-    heatmap(df, out / "heatmap.png")
-    cmd = "python -m experiments leaderboard" + (" --quick" if a.quick else "")
-    write_readme(df, best, out, cmd)
+    best = render(df, out, shlex.join(["python", "-m", "experiments", "leaderboard", *args]))
     print_table(best.to_dict("records"), ["model", "cluster", "best", "step_time_s", "vs_bound", "runner_up"], title="best per setting")
     print(f"wrote {out}/leaderboard.csv, best.csv, heatmap.png, README.md")
     return 0

@@ -38,7 +38,19 @@ def test_leaderboard_quick(tmp_path):
     assert (df["status"] == "ok").all() and (df["vs_bound"] >= 1.0 - 1e-9).all()
     best = pd.read_csv(tmp_path / "best.csv")
     assert best.loc[0, "best"] in set(df["algo"])
-    assert (tmp_path / "heatmap.png").exists() and "Best algorithm per setting" in (tmp_path / "README.md").read_text()
+    readme = (tmp_path / "README.md").read_text()
+    assert (tmp_path / "heatmap.png").exists() and "Best algorithm per setting" in readme
+    # the README names the command as it was run, and has a row per algorithm
+    assert "Command: `python -m experiments leaderboard --quick --models lenet5" in readme
+    assert "| m_topo | 1 | 1 | 0 | 0 | 0 |" in readme
+    # redrawn from the CSV alone, with a cell turned into an OOM: the table follows the CSV
+    df.loc[df["algo"] == best.loc[0, "best"], "oom"] = True
+    df.to_csv(tmp_path / "edited.csv", index=False)
+    (tmp_path / "README.md").unlink()
+    assert leaderboard.main(["--from-csv", str(tmp_path / "edited.csv"), "--command", "made by hand"]) == 0
+    redrawn = (tmp_path / "README.md").read_text()
+    assert "Command: `made by hand`" in redrawn
+    assert pd.read_csv(tmp_path / "best.csv").loc[0, "best"] != best.loc[0, "best"]
 
 
 def test_scaling_quick(tmp_path):
