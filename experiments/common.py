@@ -59,6 +59,20 @@ def style() -> None:
 
 HATCHES = ["", "//", "..", "xx", "\\\\", "++", "oo"]
 
+_COLORS = ["#1b1b1b", "#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3"]
+_MARKERS = ["o", "s", "^", "D", "v", "x", "*"]
+_LINES = ["-", "--", "-.", ":"]
+
+
+def series_style(i: int) -> dict[str, Any]:
+    """Matplotlib keywords for the i-th of many series (an algorithm per series), distinct in
+    black and white: 7 markers, hollow from the 8th series on, a line style per block of 7,
+    and the colour shifted each block so no two of the first 28 series look alike."""
+    block = i // len(_MARKERS)
+    color = _COLORS[(i + block) % len(_COLORS)]
+    return {"color": color, "marker": _MARKERS[i % len(_MARKERS)], "linestyle": _LINES[block % len(_LINES)],
+            "markerfacecolor": color if block % 2 == 0 else "none"}
+
 
 def print_table(rows: Iterable[dict[str, Any]], cols: Sequence[str], title: str | None = None) -> str:
     """A plain-text table (also returned, for README files)."""

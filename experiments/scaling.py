@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._grid import Job, run_jobs
-from experiments.common import compose, results_dir, style, zoo_models
+from experiments.common import compose, results_dir, series_style, style, zoo_models
 from experiments.leaderboard import _algo_overrides, algorithms
 
 SIZES = [300, 1000, 3000, 10000, 30000, 100000]
@@ -52,12 +54,15 @@ def plot(df: pd.DataFrame, out: Path) -> None:
 
     ok = df[df["status"] == "ok"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    index = {a: i for i, a in enumerate(sorted(ok["algo"].unique()))}  # one look per algorithm in both panels
     for ax, family in zip(axes, ("synthetic", "zoo")):
         sub = ok[ok["family"] == family]
         for algo, g in sorted(sub.groupby("algo"), key=lambda x: x[0]):
             g = g.sort_values("nodes")
-            ax.plot(g["nodes"], g["search_s"].clip(lower=1e-5), label=algo, linewidth=1, markersize=3,
-                    linestyle="-" if family == "synthetic" else "none")
+            look = series_style(index[algo])
+            if family == "zoo":
+                look["linestyle"] = "none"
+            ax.plot(g["nodes"], g["search_s"].clip(lower=1e-5), label=algo, linewidth=1, markersize=4, **look)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("graph nodes")
@@ -91,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None, help="seconds per point (default 300, quick 30)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=None, help="output dir (default results/scaling)")
-    a = ap.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    a = ap.parse_args(args)
     sizes = a.sizes or (QUICK_SIZES if a.quick else SIZES)
     zoo = a.models or (QUICK_ZOO if a.quick else zoo_models())
     algos = a.algos or algorithms()
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Scaling: search time against graph size, and simulator throughput",
         "",
-        f"Command: `python -m experiments scaling{' --quick' if a.quick else ''}` -> `scaling.csv` / `scaling.json` (every point),",
+        f"Command: `{shlex.join(['python', '-m', 'experiments', 'scaling', *args])}` -> `scaling.csv` / `scaling.json` (every point),",
         "`search_time.png` (log-log, synthetic ladder and zoo), `simulator_throughput.png`. Benchmark JSON of the",
         "speed goals (pytest-benchmark) sits beside them as `benchmarks_*.json`.",
         "",

@@ -210,12 +210,19 @@ def peak_memory(tg: TaskGraph, start: np.ndarray, end: np.ndarray, num_devices: 
     if len(tg.use_idx):
         np.maximum.at(t_free, tg.use_idx, end[np.repeat(np.arange(T), np.diff(tg.use_ptr))])
     nb = tg.alloc_bytes[buf].astype(np.int64)
+    n = len(buf)
     dev = np.concatenate([tg.alloc_dev[buf], tg.alloc_dev[buf]])
-    when = np.concatenate([t_free[buf], t_alloc[buf]])
     delta = np.concatenate([-nb, nb])
-    # frees are concatenated first, so stable sorts put them before allocations at equal times
-    by_time = np.argsort(when, kind="stable")
-    order = by_time[np.argsort(dev[by_time].astype(np.int32), kind="stable")]
+    # events 0..n-1 free, n..2n-1 allocate; time order with frees first at equal times: sort
+    # each half (any order among equal times is fine within a half), then a stable sort of the
+    # two sorted runs, frees first (timsort merges two runs in linear time); a stable radix
+    # sort by device then keeps that order within each device
+    fr = np.argsort(t_free[buf])
+    al = np.argsort(t_alloc[buf]) + n
+    runs = np.concatenate([fr, al])
+    by_time = runs[np.argsort(np.concatenate([t_free[buf][fr], t_alloc[buf][al - n]]), kind="stable")]
+    dkey = dev[by_time].astype(np.int16 if num_devices < 2**15 else np.int64)
+    order = by_time[np.argsort(dkey, kind="stable")]
     running = np.cumsum(delta[order])
     dev_sorted = dev[order]
     counts = np.bincount(dev_sorted, minlength=num_devices)

@@ -64,6 +64,7 @@ def test_scaling_quick(tmp_path):
     assert (df["tasks_per_s"].dropna() > 0).all()
     for f in ("search_time.png", "simulator_throughput.png", "scaling.json", "README.md"):
         assert (tmp_path / f).exists()
+    assert "Command: `python -m experiments scaling --quick --sizes 100 300 --models lenet5" in (tmp_path / "README.md").read_text()
 
 
 def test_all_knows_every_experiment_and_where_it_writes(tmp_path):
