@@ -41,8 +41,10 @@ def speedup_rows(df: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments optcnn_fig7", description=__doc__)
+def sweep_from_argv(name: str, doc: str | None, argv: list[str] | None) -> tuple[pd.DataFrame, Path, argparse.Namespace]:
+    """The command line shared by Figures 7, 8 and Table 4 (they read the same sweep), parsed,
+    and the sweep itself (cached in layerwise_runs.csv): ``(runs, output dir, arguments)``."""
+    ap = argparse.ArgumentParser(prog=f"python -m experiments {name}", description=doc)
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--devices", nargs="*", type=int, default=list(DEVICES))
     ap.add_argument("--per-gpu-batch", type=int, default=32, help="OptCNN: 32 per GPU")
@@ -56,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         a.models, a.devices, a.per_gpu_batch = ["alexnet"], [1, 2, 4], 2
     out = Path(a.out) if a.out else results_dir("optcnn")
     out.mkdir(parents=True, exist_ok=True)
-    df = optcnn_sweep(a.models, a.devices, a.per_gpu_batch, out, a.recompute, a.cluster, a.sync)
+    return optcnn_sweep(a.models, a.devices, a.per_gpu_batch, out, a.recompute, a.cluster, a.sync), out, a
+
+
+def main(argv: list[str] | None = None) -> int:
+    df, out, a = sweep_from_argv("optcnn_fig7", __doc__, argv)
     tab = df.pivot_table(index=["model", "devices"], columns="algo", values="throughput").reset_index()
     tab.columns.name = None
     for m in tab["model"].unique():

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from experiments._layerwise import OPTCNN_STRATEGIES, STRATEGY_LABEL, optcnn_sweep, write_readme
-from experiments.common import HATCHES, print_table, results_dir, style
-from experiments.optcnn_fig7 import DEVICES, MODELS
+from experiments._layerwise import OPTCNN_STRATEGIES, STRATEGY_LABEL, write_readme
+from experiments.common import HATCHES, print_table, style
+from experiments.optcnn_fig7 import sweep_from_argv
 
 #: OptCNN Sec. 1 and 6.1: communication reductions (ranges over networks and GPU counts)
 PAPER = {
@@ -26,21 +24,7 @@ def _range(x: pd.Series) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments optcnn_fig8", description=__doc__)
-    ap.add_argument("--models", nargs="*", default=list(MODELS))
-    ap.add_argument("--devices", nargs="*", type=int, default=list(DEVICES))
-    ap.add_argument("--per-gpu-batch", type=int, default=32)
-    ap.add_argument("--cluster", default="p100x16_4nodes")
-    ap.add_argument("--sync", default="ps", choices=["ps", "ring"], help="t_S: parameter server (OptCNN) or ring all-reduce")
-    ap.add_argument("--recompute", action="store_true", help="ignore the cached sweep (layerwise_runs.csv)")
-    ap.add_argument("--quick", action="store_true", help="alexnet on 1, 2, 4 GPUs, batch 2 per GPU")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
-    if a.quick:
-        a.models, a.devices, a.per_gpu_batch = ["alexnet"], [1, 2, 4], 2
-    out = Path(a.out) if a.out else results_dir("optcnn")
-    out.mkdir(parents=True, exist_ok=True)
-    df = optcnn_sweep(a.models, a.devices, a.per_gpu_batch, out, a.recompute, a.cluster, a.sync)
+    df, out, a = sweep_from_argv("optcnn_fig8", __doc__, argv)
     df = df[df["devices"] > 1]
     tab = df.pivot_table(index=["model", "devices"], columns="algo", values="comm_bytes").reset_index()
     tab.columns.name = None

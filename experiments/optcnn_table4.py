@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 
 import pandas as pd
 
-from experiments._layerwise import optcnn_sweep, write_readme
-from experiments.common import print_table, results_dir, style
-from experiments.optcnn_fig7 import DEVICES, MODELS
+from experiments._layerwise import write_readme
+from experiments.common import print_table, style
+from experiments.optcnn_fig7 import sweep_from_argv
 
 #: OptCNN Table 4: (t_O - t) / t, estimated vs measured, per GPU count (nodes)
 PAPER = {
@@ -22,21 +20,7 @@ PAPER = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments optcnn_table4", description=__doc__)
-    ap.add_argument("--models", nargs="*", default=list(MODELS))
-    ap.add_argument("--devices", nargs="*", type=int, default=list(DEVICES))
-    ap.add_argument("--per-gpu-batch", type=int, default=32)
-    ap.add_argument("--cluster", default="p100x16_4nodes")
-    ap.add_argument("--sync", default="ps", choices=["ps", "ring"], help="t_S: parameter server (OptCNN) or ring all-reduce")
-    ap.add_argument("--recompute", action="store_true", help="ignore the cached sweep (layerwise_runs.csv)")
-    ap.add_argument("--quick", action="store_true", help="alexnet on 1, 2, 4 GPUs, batch 2 per GPU")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
-    if a.quick:
-        a.models, a.devices, a.per_gpu_batch = ["alexnet"], [1, 2, 4], 2
-    out = Path(a.out) if a.out else results_dir("optcnn")
-    out.mkdir(parents=True, exist_ok=True)
-    df = optcnn_sweep(a.models, a.devices, a.per_gpu_batch, out, a.recompute, a.cluster, a.sync)
+    df, out, a = sweep_from_argv("optcnn_table4", __doc__, argv)
     lw = df[df["algo"] == "optcnn"].copy()
     lw["rel_diff"] = (lw["objective_s"] - lw["step_time_s"]) / lw["step_time_s"]
     rows = []
