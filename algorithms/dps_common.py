@@ -30,17 +30,9 @@ import numpy as np
 from algorithms.listsched import Timeline, static_costs
 from harness.cluster import Cluster
 from harness.costs import AnalyticalCostModel, CostModel
-from harness.graph import OpGraph
+from harness.graph import OpGraph, csr
 
 CommFn = Callable[[float, int, int], float]
-
-
-def _csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Group ``values`` by ``keys`` into CSR ``(ptr, values, edge ids)`` (same layout as OpGraph's)."""
-    order = np.argsort(keys, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
-    return ptr, values[order].astype(np.int32), order.astype(np.int32)
 
 
 @dataclass(eq=False)
@@ -75,12 +67,12 @@ class SchedGraph:
 
     def succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._succ is None:
-            self._succ = _csr(self.num_nodes, self.src, self.dst)
+            self._succ = csr(self.num_nodes, self.src, self.dst)
         return self._succ
 
     def pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._pred is None:
-            self._pred = _csr(self.num_nodes, self.dst, self.src)
+            self._pred = csr(self.num_nodes, self.dst, self.src)
         return self._pred
 
     @classmethod

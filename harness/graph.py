@@ -38,8 +38,9 @@ class GraphError(ValueError):
     """A graph is malformed (a cycle, an edge to a missing node, arrays of wrong length)."""
 
 
-def _csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Group ``values`` by ``keys`` (both length E) into CSR: (ptr, values, edge ids)."""
+def csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group ``values`` by ``keys`` (both length E) into CSR: (ptr, values, edge ids), stable within
+    a key.  The adjacency layout of every graph here (OpGraph, LayerGraph, SchedGraph)."""
     order = np.argsort(keys, kind="stable")
     counts = np.bincount(keys, minlength=n)
     ptr = np.zeros(n + 1, dtype=np.int64)
@@ -55,7 +56,7 @@ def topological_order(n: int, src: np.ndarray, dst: np.ndarray, names: Sequence[
     import heapq
 
     indeg = np.bincount(dst, minlength=n).astype(np.int64).tolist()
-    ptr, succ, _ = _csr(n, src, dst)
+    ptr, succ, _ = csr(n, src, dst)
     ptr_l, succ_l = ptr.tolist(), succ.tolist()
     heap = [v for v in range(n) if indeg[v] == 0]
     heapq.heapify(heap)
@@ -185,13 +186,13 @@ class OpGraph:
     def succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Successors as CSR ``(ptr, succ, edge_id)``: node v's children are ``succ[ptr[v]:ptr[v+1]]``."""
         if self._succ is None:
-            self._succ = _csr(self.num_nodes, self.src, self.dst)
+            self._succ = csr(self.num_nodes, self.src, self.dst)
         return self._succ
 
     def pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Predecessors as CSR ``(ptr, pred, edge_id)``."""
         if self._pred is None:
-            self._pred = _csr(self.num_nodes, self.dst, self.src)
+            self._pred = csr(self.num_nodes, self.dst, self.src)
         return self._pred
 
     def successors(self, v: int) -> np.ndarray:

@@ -125,6 +125,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from harness.graph import csr
+
 if TYPE_CHECKING:
     import networkx as nx
     import torch
@@ -139,14 +141,6 @@ Range = tuple[int, int]
 
 class LayerGraphError(ValueError):
     """A layer graph cannot be built (untraceable model, bad input spec) or is malformed."""
-
-
-def _csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Group ``values`` by ``keys`` into CSR ``(ptr, values, edge ids)``, stable within a key."""
-    order = np.argsort(keys, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
-    return ptr, values[order].astype(np.int32), order.astype(np.int32)
 
 
 def part(n: int, p: int, i: int) -> Range:
@@ -283,7 +277,7 @@ class LayerGraph:
     def succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Successors as CSR ``(ptr, succ, edge_id)``: v's consumers are ``succ[ptr[v]:ptr[v+1]]``."""
         if self._succ is None:
-            self._succ = _csr(self.num_nodes, self.src, self.dst)
+            self._succ = csr(self.num_nodes, self.src, self.dst)
         return self._succ
 
     def pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
