@@ -61,25 +61,19 @@ def favourite_child_lp(graph: OpGraph, w: np.ndarray, c: np.ndarray, time_limit_
     vals += [np.ones(E), -np.ones(E), cu]
     rhs.append(-wu[src])
     r += E
-    # at most one favourite child: -sum_j x_ij <= 1 - outdeg(i)   (outdeg >= 2 only)
+    # at most one favourite child, -sum_j x_ij <= 1 - outdeg(i), and at most one favourite
+    # parent, -sum_i x_ij <= 1 - indeg(j): one row per node of degree >= 2 on that side
     outdeg = np.bincount(src, minlength=n)
-    sel = outdeg[src] >= 2
-    if sel.any():
-        u, inv = np.unique(src[sel], return_inverse=True)
-        rows.append(r + inv)
-        cols.append(X + e[sel])
-        vals.append(-np.ones(int(sel.sum())))
-        rhs.append(1.0 - outdeg[u])
-        r += len(u)
-    indeg = np.bincount(dst, minlength=n)
-    sel = indeg[dst] >= 2
-    if sel.any():
-        u, inv = np.unique(dst[sel], return_inverse=True)
-        rows.append(r + inv)
-        cols.append(X + e[sel])
-        vals.append(-np.ones(int(sel.sum())))
-        rhs.append(1.0 - indeg[u])
-        r += len(u)
+    for end in (src, dst):
+        deg = np.bincount(end, minlength=n)
+        sel = deg[end] >= 2
+        if sel.any():
+            u, inv = np.unique(end[sel], return_inverse=True)
+            rows.append(r + inv)
+            cols.append(X + e[sel])
+            vals.append(-np.ones(int(sel.sum())))
+            rhs.append(1.0 - deg[u])
+            r += len(u)
     # makespan: s_i - W <= -w_i for every sink
     sinks = np.flatnonzero(outdeg == 0)
     k = np.arange(len(sinks))
