@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
+from tqdm import tqdm
 
 from experiments.common import compose, results_dir
 from harness.run import build
@@ -153,6 +154,32 @@ def run_algo(graph: Any, cluster: Any, costs: Any, sim: Any, algo: Any) -> dict[
         "devices_used": len(plan.strategy.devices_used()),
         "comm_gib": res.comm_bytes / 2**30,
     }
+
+
+class Runs(list):
+    """The rows of :func:`run_grid`, with a lookup by (model, algorithm)."""
+
+    def get(self, model: str, algo: str) -> dict[str, Any]:  # type: ignore[override]
+        return next(r for r in self if r["model"] == model and r["algo"] == algo)
+
+
+def run_grid(models: list[tuple[str, int]], algos: list[str], cluster: str, devices: int | None, quick: bool, desc: str) -> Runs:
+    """Every algorithm on every (model, batch), on the first ``devices`` devices of ``cluster``
+    (all of them when None): each graph loaded once, one :func:`run_algo` row per run."""
+    runs = Runs()
+    bar = tqdm(total=len(models) * len(algos), desc=desc, unit="run")
+    for model, batch in models:
+        cfg, g, full, sim = load(model, batch, cluster)
+        cl = full.subset(devices) if devices is not None and devices < full.num_devices else full
+        costs = costs_for(cfg, cl)
+        for name in algos:
+            bar.set_postfix_str(f"{model} {name}")
+            r = run_algo(g, cl, costs, sim, make_algo(name, quick=quick))
+            runs.append({"model": model, "batch": batch, "nodes": g.num_nodes, "devices": cl.num_devices, "cluster": cl.name,
+                         "algo": name, **r})
+            bar.update()
+    bar.close()
+    return runs
 
 
 def fmt_time(row: dict[str, Any] | None) -> str:

@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from experiments._fddps import (
-    FIG4_CLUSTER, FIG4_MODELS, LABELS, PAPER_FIG4, PAPER_FIG4_UNASSIGNED, common_args, costs_for, fmt_time, load, make_algo,
-    markdown_table, models_of, out_dir, paper_batch, run_algo, write_section,
+    FIG4_CLUSTER, FIG4_MODELS, LABELS, PAPER_FIG4, PAPER_FIG4_UNASSIGNED, common_args, fmt_time, markdown_table, models_of,
+    out_dir, paper_batch, run_grid, write_section,
 )
 from experiments.common import print_table, style
 
@@ -30,29 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = out_dir(a)
     models = models_of(a, FIG4_MODELS)
-    runs: list[dict[str, Any]] = []
-    bar = tqdm(total=len(models) * len(ALGOS), desc="figure 4", unit="run")
-    for model, batch in models:
-        cfg, g, cl, sim = load(model, batch, a.cluster)
-        costs = costs_for(cfg, cl)
-        for name in ALGOS:
-            bar.set_postfix_str(f"{model} {name}")
-            r = run_algo(g, cl, costs, sim, make_algo(name, quick=a.quick))
-            runs.append({"model": model, "batch": batch, "devices": cl.num_devices, "cluster": cl.name, "algo": name, **r})
-            bar.update()
-    bar.close()
+    runs = run_grid(models, ALGOS, a.cluster, None, a.quick, "figure 4")
     pd.DataFrame(runs).to_csv(out / "fig4.csv", index=False)
-
-    def get(model: str, algo: str) -> dict[str, Any]:
-        return next(r for r in runs if r["model"] == model and r["algo"] == algo)
 
     rows = []
     sp: dict[str, list[float]] = {"mp_dps": [], "fddps": []}
     for model, batch in models:
-        base = get(model, "fastt")
-        row: dict[str, Any] = {"model": f"{model} ({batch})", **{LABELS[n]: fmt_time(get(model, n)) for n in ALGOS}}
+        base = runs.get(model, "fastt")
+        row: dict[str, Any] = {"model": f"{model} ({batch})", **{LABELS[n]: fmt_time(runs.get(model, n)) for n in ALGOS}}
         for n in ("mp_dps", "fddps"):
-            r = get(model, n)
+            r = runs.get(model, n)
             v = np.nan if (r["oom"] or base["oom"]) else 100.0 * (base["step_time_s"] - r["step_time_s"]) / base["step_time_s"]
             sp[n].append(v)
             row[f"{LABELS[n]} vs FastT %"] = "n/a" if np.isnan(v) else f"{v:.1f}"

@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from experiments._fddps import (
-    CLUSTER, FIG5_ALGOS, LABELS, PAPER_FIG5, PAPER_FIG5_UNASSIGNED, common_args, costs_for, load, make_algo, markdown_table,
-    models_of, out_dir, paper_batch, run_algo, write_section,
+    CLUSTER, FIG5_ALGOS, LABELS, PAPER_FIG5, PAPER_FIG5_UNASSIGNED, common_args, markdown_table, models_of, out_dir,
+    paper_batch, run_grid, write_section,
 )
 from experiments.common import print_table, style
 
@@ -27,28 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = out_dir(a)
     models = models_of(a)
-    runs: list[dict[str, Any]] = []
-    bar = tqdm(total=len(models) * len(FIG5_ALGOS), desc="figure 5", unit="run")
-    for model, batch in models:
-        cfg, g, full, sim = load(model, batch, CLUSTER)
-        cl = full.subset(a.devices) if a.devices < full.num_devices else full
-        costs = costs_for(cfg, cl)
-        for name in FIG5_ALGOS:
-            bar.set_postfix_str(f"{model} {name}")
-            r = run_algo(g, cl, costs, sim, make_algo(name, quick=a.quick))
-            runs.append({"model": model, "batch": batch, "nodes": g.num_nodes, "devices": cl.num_devices, "algo": name, **r})
-            bar.update()
-    bar.close()
+    runs = run_grid(models, FIG5_ALGOS, CLUSTER, a.devices, a.quick, "figure 5")
     pd.DataFrame(runs).to_csv(out / "fig5.csv", index=False)
-
-    def get(model: str, algo: str) -> dict[str, Any]:
-        return next(r for r in runs if r["model"] == model and r["algo"] == algo)
 
     rows = []
     for model, batch in models:
-        row: dict[str, Any] = {"model": f"{model} ({batch})", "ops": get(model, "fddps")["plan_nodes"]}
+        row: dict[str, Any] = {"model": f"{model} ({batch})", "ops": runs.get(model, "fddps")["plan_nodes"]}
         for n in FIG5_ALGOS:
-            r = get(model, n)
+            r = runs.get(model, n)
             row[LABELS[n]] = f"{r['search_s']:.2f} ({r['search_cpu_s']:.2f})"
         paper = PAPER_FIG5.get(model, {}) if paper_batch(model, batch) else {}
         for n in FIG5_ALGOS:
@@ -64,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     x = np.arange(len(models))
     width = 0.8 / len(FIG5_ALGOS)
     for i, n in enumerate(FIG5_ALGOS):
-        vals = [get(m, n)["search_cpu_s"] for m, _ in models]
+        vals = [runs.get(m, n)["search_cpu_s"] for m, _ in models]
         ax.bar(x + (i - (len(FIG5_ALGOS) - 1) / 2) * width, vals, width, label=LABELS[n], edgecolor="black", hatch=["", "//", "..", "xx"][i])
     ax.set_xticks(x, [f"{m}\n({b})" for m, b in models], fontsize=8)
     ax.set_yscale("log")
@@ -74,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.tight_layout()
     fig.savefig(out / "fig5.png")
     cmd = "python -m experiments fddps_fig5" + (" --quick" if a.quick else "")
-    cpu = {n: np.array([get(m, n)["search_cpu_s"] for m, _ in models]) for n in FIG5_ALGOS}
+    cpu = {n: np.array([runs.get(m, n)["search_cpu_s"] for m, _ in models]) for n in FIG5_ALGOS}
     claim = (f"The paper's ordering (MP-DPS cheapest; D-DPS(-F) a little cheaper than FD-DPS): MP-DPS is the cheapest of the "
              f"four on {int(sum(cpu['mp_dps'] <= np.min([cpu[n] for n in FIG5_ALGOS], axis=0)))} of {len(models)} models; "
              f"D-DPS(-F) is cheaper than FD-DPS on {int((cpu['dddps_f'] < cpu['fddps']).sum())} of {len(models)}; "

@@ -11,11 +11,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from experiments._fddps import (
-    CLUSTER, LABELS, PAPER_TABLE7, TABLE7_ALGOS, common_args, costs_for, fmt_time, load, make_algo, markdown_table, models_of, out_dir,
-    paper_batch, run_algo, write_section,
+    CLUSTER, LABELS, PAPER_TABLE7, TABLE7_ALGOS, common_args, fmt_time, markdown_table, models_of, out_dir, paper_batch,
+    run_grid, write_section,
 )
 from experiments.common import print_table, style
 
@@ -27,34 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     out = out_dir(a)
     models = models_of(a)
     k = a.devices
-    runs: list[dict[str, Any]] = []
-    bar = tqdm(total=len(models) * len(TABLE7_ALGOS), desc="table 7", unit="run")
-    for model, batch in models:
-        cfg, g, full, sim = load(model, batch, CLUSTER)
-        cl = full.subset(k) if k < full.num_devices else full
-        costs = costs_for(cfg, cl)
-        for name in TABLE7_ALGOS:
-            bar.set_postfix_str(f"{model} {name}")
-            r = run_algo(g, cl, costs, sim, make_algo(name, quick=a.quick))
-            runs.append({"model": model, "batch": batch, "devices": k, "cluster": cl.name, "algo": name, **r})
-            bar.update()
-    bar.close()
+    runs = run_grid(models, TABLE7_ALGOS, CLUSTER, k, a.quick, "table 7")
     pd.DataFrame(runs).to_csv(out / "table7.csv", index=False)
-
-    def get(model: str, algo: str) -> dict[str, Any]:
-        return next(r for r in runs if r["model"] == model and r["algo"] == algo)
 
     rows = []
     better = total = 0
     for model, batch in models:
-        d, f = get(model, "dddps_f"), get(model, "fddps")
+        d, f = runs.get(model, "dddps_f"), runs.get(model, "fddps")
         speed = None if (d["oom"] or f["oom"]) else 100.0 * (d["step_time_s"] - f["step_time_s"]) / d["step_time_s"]
         if speed is not None:
             total += 1
             better += speed > 0
         p = PAPER_TABLE7.get(model) if paper_batch(model, batch) else None
         rows.append({
-            "model": f"{model} ({batch})", **{LABELS[n]: fmt_time(get(model, n)) for n in TABLE7_ALGOS},
+            "model": f"{model} ({batch})", **{LABELS[n]: fmt_time(runs.get(model, n)) for n in TABLE7_ALGOS},
             "speed %": f"{speed:.1f}" if speed is not None else "n/a",
             "split": f"{f['split_kinds'] or 'none'} ({f['split_ops']} ops)",
             "paper MP-DPS": p[0] if p else "-", "paper D-DPS(-F)": p[1] if p else "-", "paper FD-DPS": p[2] if p else "-",
@@ -70,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     x = np.arange(len(models))
     width = 0.8 / len(TABLE7_ALGOS)
     for i, name in enumerate(TABLE7_ALGOS):
-        vals = [get(m, name)["step_time_s"] for m, _ in models]
+        vals = [runs.get(m, name)["step_time_s"] for m, _ in models]
         ax.bar(x + (i - 1) * width, vals, width, label=LABELS[name], edgecolor="black", hatch=["", "//", ".."][i])
     ax.set_xticks(x, [f"{m}\n({b})" for m, b in models], fontsize=8)
     ax.set_ylabel("simulated iteration time (s)")
