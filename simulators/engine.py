@@ -49,7 +49,6 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
     if mode not in MODES:
         raise ValueError(f"sim.order must be one of {MODES}, got {mode!r}")
     T = tg.num_tasks
-    kind = tg.kind.tolist()
     dur = tg.dur.tolist()
     dev = tg.dev.tolist()
     succ_ptr = tg.succ_ptr.tolist()
@@ -65,10 +64,11 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
     link_free = [0.0] * num_links
     busy = [False] * num_devices
     ready = [False] * T
-    is_comp = (tg.kind == COMPUTE).tolist()
+    comp_mask = tg.kind == COMPUTE
+    is_comp = comp_mask.tolist()
     strict = mode == "strict"
     by_prio = mode == "priority"
-    comp = np.flatnonzero(tg.kind == COMPUTE)
+    comp = np.flatnonzero(comp_mask)
     seq: list[list[int]] = [[] for _ in range(num_devices)]
     if strict:
         by = comp[np.lexsort((comp, tg.prio[comp], tg.dev[comp]))]
@@ -171,8 +171,7 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
             f"simulation stopped with {len(not_run)} of {T} tasks not run (first waiting task {int(not_run[0])}): "
             "the schedule order deadlocks or the task graph has a cycle"
         )
-    is_comp = tg.kind == COMPUTE
-    busy_time = np.bincount(tg.dev[is_comp], weights=tg.dur[is_comp], minlength=num_devices)
+    busy_time = np.bincount(tg.dev[comp_mask], weights=tg.dur[comp_mask], minlength=num_devices)
     owner = np.repeat(np.arange(T), np.diff(tg.res_ptr))
     link_busy = np.bincount(tg.res_idx, weights=tg.dur[owner], minlength=num_links) if len(owner) else np.zeros(num_links)
     cp_a = np.asarray(cp)
@@ -183,7 +182,7 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
         busy=busy_time,
         peak_mem=peak_memory(tg, start_a, end_a, num_devices),
         link_busy=link_busy,
-        critical_path=float((cp_a + tg.dur)[is_comp].max()) if is_comp.any() else 0.0,
+        critical_path=float((cp_a + tg.dur)[comp_mask].max()) if len(comp) else 0.0,
     )
 
 
