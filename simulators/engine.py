@@ -193,7 +193,7 @@ def peak_memory(tg: TaskGraph, start: np.ndarray, end: np.ndarray, num_devices: 
     moment the transfer is queued (its last predecessor's end), and a buffer until the
     last task reading it ends (its own end when nothing reads it).  At equal times frees
     come before allocations, as on a device where the next op starts once the previous
-    one has released its inputs.  Vectorised over all buffers (a lexsort and a cumsum),
+    one has released its inputs.  Vectorised over all buffers (sorts and a cumsum),
     so the event loop carries no memory bookkeeping.
     """
     T = len(start)
@@ -216,10 +216,9 @@ def peak_memory(tg: TaskGraph, start: np.ndarray, end: np.ndarray, num_devices: 
     # each half (any order among equal times is fine within a half), then a stable sort of the
     # two sorted runs, frees first (timsort merges two runs in linear time); a stable radix
     # sort by device then keeps that order within each device
-    fr = np.argsort(t_free[buf])
-    al = np.argsort(t_alloc[buf]) + n
-    runs = np.concatenate([fr, al])
-    by_time = runs[np.argsort(np.concatenate([t_free[buf][fr], t_alloc[buf][al - n]]), kind="stable")]
+    tf, ta = t_free[buf], t_alloc[buf]
+    fr, al = np.argsort(tf), np.argsort(ta)
+    by_time = np.concatenate([fr, al + n])[np.argsort(np.concatenate([tf[fr], ta[al]]), kind="stable")]
     dkey = dev[by_time].astype(np.int16 if num_devices < 2**15 else np.int64)
     order = by_time[np.argsort(dkey, kind="stable")]
     running = np.cumsum(delta[order])
