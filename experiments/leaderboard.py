@@ -188,12 +188,18 @@ def write_readme(df: pd.DataFrame, best: pd.DataFrame, out: Path, cmd: str) -> N
     (out / "README.md").write_text("\n".join(lines))
 
 
-def render(df: pd.DataFrame, out: Path, cmd: str) -> pd.DataFrame:
-    """best.csv, heatmap.png and README.md from the grid's table; returns the best per setting."""
+def _complete(df: pd.DataFrame) -> pd.DataFrame:
+    """The figure columns present even when no cell succeeded, OOM as a bool."""
     for col in ("oom", "vs_bound", "step_time_s"):
         if col not in df:
             df[col] = np.nan
     df["oom"] = df["oom"].fillna(False).astype(bool)
+    return df
+
+
+def render(df: pd.DataFrame, out: Path, cmd: str) -> pd.DataFrame:
+    """best.csv, heatmap.png and README.md from the grid's table; returns the best per setting."""
+    df = _complete(df)
     best = best_per_setting(df)
     best.to_csv(out / "best.csv", index=False)
     heatmap(df, out / "heatmap.png")
@@ -233,12 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in models for c in clusters for alg in algos
     ]
     rows = run_jobs(jobs, run_cell, timeout, workers=a.workers, desc="leaderboard")
-    df = pd.DataFrame(rows)
-    for col in ("oom", "vs_bound", "step_time_s"):
-        if col not in df:
-            df[col] = np.nan
-    df["oom"] = df["oom"].fillna(False).astype(bool)
-    df.to_csv(out / "leaderboard.csv", index=False)
+    df = _complete(pd.DataFrame(rows))
+    df.to_csv(out / "leaderboard.csv", index=False)  # before drawing: nothing measured is lost
     best = render(df, out, shlex.join(["python", "-m", "experiments", "leaderboard", *args]))
     print_table(best.to_dict("records"), ["model", "cluster", "best", "step_time_s", "vs_bound", "runner_up"], title="best per setting")
     print(f"wrote {out}/leaderboard.csv, best.csv, heatmap.png, README.md")
