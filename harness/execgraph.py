@@ -141,13 +141,14 @@ class Placeholder:
     meta: TensorMeta
 
 
-def _short(target: str) -> str:
+def short_target(target: str) -> str:
+    """``aten.addmm.default`` -> ``addmm``; other targets unchanged."""
     return target.split(".")[1] if target.startswith("aten.") else target
 
 
 def is_shape_only(target: str) -> bool:
     """True when a node of this target reads only the metadata of its tensor inputs."""
-    return _short(target) in SHAPE_ONLY
+    return short_target(target) in SHAPE_ONLY
 
 
 _RESOLVED: dict[str, Callable[..., Any]] = {}

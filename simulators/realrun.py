@@ -90,7 +90,7 @@ import numpy as np
 
 from harness.cluster import Cluster
 from harness.costs import CostModel
-from harness.execgraph import DEVICE, ExecGraph, Ref, TensorMeta, initial_state, is_shape_only, layer_runs, resolve
+from harness.execgraph import DEVICE, ExecGraph, Ref, TensorMeta, initial_state, is_shape_only, layer_runs, resolve, short_target
 from harness.graph import PARTIAL, REPLICATED, OpGraph
 from harness.strategy import Strategy
 from simulators.simulate import SimResult, simulate
@@ -543,10 +543,6 @@ class ChannelPlan:
     layers: list[str]  # the channel-parallel layers, for messages
 
 
-def _short_target(target: str) -> str:
-    return target.split(".")[1] if target.startswith("aten.") else target
-
-
 def _simulated(what: str, layer: str, why: str) -> RealRunError:
     return RealRunError(f"{what}: channel-parallel layer {layer!r}: {why}; sim=realrun cannot execute it, this plan is simulated only")
 
@@ -578,7 +574,7 @@ def channel_plan(eg: ExecGraph, graph: OpGraph, lg: Any, linear: Sequence[int], 
         return ref.index if isinstance(ref, Ref) and ref.kind == "n" else None
 
     def tgt(i: int) -> str:
-        return _short_target(eg.instrs[i].target)
+        return short_target(eg.instrs[i].target)
 
     for v in linear:
         name = lg.names[v]
