@@ -30,13 +30,13 @@ import numpy as np
 from algorithms.listsched import Timeline, static_costs
 from harness.cluster import Cluster
 from harness.costs import AnalyticalCostModel, CostModel
-from harness.graph import OpGraph, csr
+from harness.graph import EdgeListGraph, OpGraph
 
 CommFn = Callable[[float, int, int], float]
 
 
 @dataclass(eq=False)
-class SchedGraph:
+class SchedGraph(EdgeListGraph):
     """What a list scheduler needs of a DAG; node ids are a topological order (src < dst)."""
 
     num_nodes: int
@@ -58,22 +58,8 @@ class SchedGraph:
             raise ValueError(f"SchedGraph edge {int(self.src[e])} -> {int(self.dst[e])} does not follow node order")
 
     @property
-    def num_edges(self) -> int:
-        return len(self.src)
-
-    @property
     def num_devices(self) -> int:
         return int(self.et.shape[0])
-
-    def succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._succ is None:
-            self._succ = csr(self.num_nodes, self.src, self.dst)
-        return self._succ
-
-    def pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._pred is None:
-            self._pred = csr(self.num_nodes, self.dst, self.src)
-        return self._pred
 
     @classmethod
     def from_opgraph(cls, graph: OpGraph, cluster: Cluster, costs: CostModel) -> "SchedGraph":

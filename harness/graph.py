@@ -89,8 +89,37 @@ def _find_cycle(stuck: list[int], ptr: list[int], succ: list[int], alive: set[in
     return path[seen[v]:] + [v]
 
 
+class EdgeListGraph:
+    """Adjacency of a graph stored as edge lists ``src``/``dst`` over ``num_nodes`` nodes, as
+    cached CSR (OpGraph, and the schedulers' SchedGraph).  A subclass sets ``_succ`` and
+    ``_pred`` to None when it is built."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    _succ: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    _pred: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+
+    num_nodes: int  # a field or a property of the subclass
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.src)
+
+    def succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Successors as CSR ``(ptr, succ, edge_id)``: node v's children are ``succ[ptr[v]:ptr[v+1]]``."""
+        if self._succ is None:
+            self._succ = csr(self.num_nodes, self.src, self.dst)
+        return self._succ
+
+    def pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Predecessors as CSR ``(ptr, pred, edge_id)``."""
+        if self._pred is None:
+            self._pred = csr(self.num_nodes, self.dst, self.src)
+        return self._pred
+
+
 @dataclass(eq=False)
-class OpGraph:
+class OpGraph(EdgeListGraph):
     """Joint forward + backward (+ update) operator graph of one training step.
 
     Per node ``i``: ``names[i]``, ``targets[i]`` (aten op, e.g. ``aten.convolution.default``),
@@ -178,22 +207,6 @@ class OpGraph:
     @property
     def num_nodes(self) -> int:
         return len(self.names)
-
-    @property
-    def num_edges(self) -> int:
-        return len(self.src)
-
-    def succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Successors as CSR ``(ptr, succ, edge_id)``: node v's children are ``succ[ptr[v]:ptr[v+1]]``."""
-        if self._succ is None:
-            self._succ = csr(self.num_nodes, self.src, self.dst)
-        return self._succ
-
-    def pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Predecessors as CSR ``(ptr, pred, edge_id)``."""
-        if self._pred is None:
-            self._pred = csr(self.num_nodes, self.dst, self.src)
-        return self._pred
 
     def successors(self, v: int) -> np.ndarray:
         ptr, succ, _ = self.succ_csr()
