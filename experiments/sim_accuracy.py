@@ -2,7 +2,10 @@
 
 For each small model the ops are first profiled on this CPU at one thread (the thread count
 of a cpu2 rank) at the batch sizes the strategies need (B and B/2), into the profile
-directory of cpu2's device kind.  Then, for each algorithm whose plan can run for real
+directory of cpu2's device kind.  By default each op is timed *in situ* (its call inside whole
+steps, ``harness.profile mode=in_situ``, filed under ``<out>/profiles``): timed in isolation
+(``--profile-mode isolated``, the profiles of results/profiles) an op runs on warm caches and
+the steps of these small models come out 25-35% short on a single device.  Then, for each algorithm whose plan can run for real
 (operator placements and data parallelism on the captured graph), ``python -m harness
 cluster=cpu2 costs=profiled sim=realrun`` is run: the event simulator gives the simulated
 step time, the two pinned gloo ranks the measured one (5 warm-up steps, mean of the next
@@ -10,7 +13,10 @@ step time, the two pinned gloo ranks the measured one (5 warm-up steps, mean of 
 the same for the analytical roofline (costs=analytical on the same plan) for comparison;
 overall the mean absolute error.  Goal: |error| <= 10% per case, mean <= 5%.
 
-Timing needs a quiet machine: the load average is recorded before and after the run.
+The communication figures of cpu2 (link, all-reduce and what a message costs the ranks'
+cores, ``host_comm``) come from ``python -m harness.calibrate --write``, measured the way
+``sim=realrun`` runs (each rank on its own core, idle spinners on both).  Timing needs a quiet
+machine: the load average is recorded before and after the run.
 
 Outputs (``--out``, default results/sim_accuracy/): sim_accuracy.csv, sim_accuracy.png,
 README.md.
@@ -50,27 +56,61 @@ QUICK = {"models": ["lenet5"], "algos": ["round_robin"], "steps": 3, "warmup": 1
 QUICK_MODEL = {"lenet5": ["model=lenet5", "model.batch_size=16"]}
 
 
-def _kind() -> str:
+def _cpu2() -> Any:
     from hydra.utils import instantiate
 
-    return instantiate(compose(["cluster=cpu2"]).cluster, _convert_="all").devices[0].spec.kind
+    return instantiate(compose(["cluster=cpu2"]).cluster, _convert_="all")
+
+
+def _kind() -> str:
+    return _cpu2().devices[0].spec.kind
+
+
+def _comm_summary() -> str:
+    """cpu2's link, collective and host_comm figures, for the README."""
+    c = _cpu2()
+    parts = [f"link {c.route_lat[0, 1] * 1e6:.0f} us + bytes / {c.route_bw[0, 1] / 1e9:.2f} GB/s"]
+    if c.meta.get("collective"):
+        parts.append("all-reduce ring alpha {lat_us} us, beta {bw_GBps} GB/s".format(**c.meta["collective"]))
+    if c.meta.get("host_comm"):
+        parts.append("each transfer costs both endpoints {per_message_us} us + bytes / {copy_GBps} GB/s of compute".format(**c.meta["host_comm"]))
+    return "; ".join(parts)
 
 
 def profile_models(models: list[str], overrides: dict[str, list[str]], profile_root: Path, kind: str, reps: int, warmup: int,
-                   mode: str = "isolated") -> None:
-    """Profile each model at B and B/2 on this CPU at one thread, filed under cpu2's device kind."""
-    from harness.profile import device_name, profile_dir_for, profile_model
+                   mode: str = "isolated", repeats: int = 1) -> None:
+    """Profile each model at B and B/2 on this CPU at one thread, filed under cpu2's device kind.
+
+    With ``repeats`` > 1 each model is profiled that many times, in rounds over the models (so
+    that a slow spell of a shared machine does not fall on one model), and every time column
+    is the median over the repeats, node by node."""
+    import tempfile
+
+    import pandas as pd
+
+    from harness.profile import device_name, profile_dir_for, profile_model, write_profile
     from harness.run import build
 
     here = device_name("cpu", 1)
     if here != kind:
         warnings.warn(f"this CPU profiles as {here!r} but cpu2's device kind is {kind!r}: run `python -m harness.calibrate --write` "
                       "on this machine first; the profiles are filed under cpu2's kind anyway", stacklevel=2)
-    for m in tqdm(models, desc="profiling", unit="model"):
-        src = build(compose(overrides[m]))[0]
-        B = int(src.batch_size)
-        profile_model(src, device="cpu", batch_sizes=sorted({max(1, B // 2), B}), threads=1, warmup=warmup, reps=reps,
-                      out_dir=profile_dir_for(kind, profile_root), name=kind, progress=False, mode=mode)
+    srcs = {m: build(compose(overrides[m]))[0] for m in models}
+    runs: dict[str, list[pd.DataFrame]] = {m: [] for m in models}
+    with tempfile.TemporaryDirectory() as tmp, tqdm(total=len(models) * repeats, desc="profiling", unit="profile") as bar:
+        for k in range(repeats):
+            for m in models:
+                B = int(srcs[m].batch_size)
+                files = profile_model(srcs[m], device="cpu", batch_sizes=sorted({max(1, B // 2), B}), threads=1, warmup=warmup, reps=reps,
+                                      out_dir=Path(tmp) / f"{m}-{k}", name=kind, progress=False, mode=mode)
+                runs[m].append(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
+                bar.update()
+    times = ["time_s", "time_mean_s", "time_min_s"]
+    for m, frames in runs.items():
+        df = frames[0].copy()
+        for col in times:
+            df[col] = np.median(np.stack([f[col].to_numpy() for f in frames]), axis=0)
+        write_profile(df, profile_dir_for(kind, profile_root))
 
 
 def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, steps: int, warmup: int) -> dict[str, Any]:
@@ -100,6 +140,21 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
         "analytical_s": ana, "analytical_error": ana / meas - 1.0, "fallback_nodes": rep.get("fallback_nodes", np.nan),
         "sim_busy_s": r["device_busy_s"], "measured_busy_s": r["measured_rank_busy_s"], "comm_bytes": r["comm_bytes"],
     }
+
+
+def combine_runs(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One case measured several times: the median of the runs' measured step times (the
+    error against it), the runs themselves and their spread ((max - min) / median)."""
+    if rows[0]["status"] != "ok":
+        return rows[0]
+    meas = np.array([r["measured_s"] for r in rows])
+    med = float(np.median(meas))
+    k = int(np.argsort(meas)[len(meas) // 2])
+    row = dict(rows[k])
+    row.update(measured_s=med, error=row["simulated_s"] / med - 1.0, analytical_error=row["analytical_s"] / med - 1.0,
+               runs=len(rows), measured_runs_ms=" ".join(f"{x * 1e3:.2f}" for x in meas),
+               run_spread=float((meas.max() - meas.min()) / med))
+    return row
 
 
 def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
@@ -135,22 +190,27 @@ def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         "Regenerate: `" + meta["command"] + "`",
         "",
         f"Two CPU devices of one core each ({meta['cpu']}, torch {meta['torch']}), gloo over loopback; costs=profiled from a",
-        f"profile of the same CPU at one thread ({meta['mode']} op timing); measured = mean of {meta['steps']} steps after {meta['warmup']} warm-up steps",
-        f"(sim=realrun). Load average before / after: {meta['load_before']} / {meta['load_after']} ({meta['date']}).",
+        f"profile of the same CPU at one thread ({meta['mode']} op timing, median of {meta['repeats']} profiles); measured = mean of {meta['steps']} steps "
+        f"after {meta['warmup']} warm-up steps, the median of {meta['repeats']} runs taken in rounds over all cases",
+        f"(sim=realrun, idle spinners on the ranks' cores). Load average before / after: {meta['load_before']} / {meta['load_after']} ({meta['date']}).",
+        f"cpu2's communication figures (`python -m harness.calibrate --write`): {meta.get('comm', 'n/a')}.",
         "Error = simulated / measured - 1, in the style of OptCNN Table 4 and Celeritas Table 5.",
         "",
-        "| model | strategy | mode | measured (ms) | simulated (ms) | error | analytical (ms) | error | fallback ops |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "Spread = (slowest - fastest run) / median: how far this machine moves between runs of the same case.",
+        "",
+        "| model | strategy | mode | measured (ms) | runs (ms) | spread | simulated (ms) | error | analytical (ms) | error | fallback ops |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for _, r in ok.iterrows():
-        lines.append(f"| {r['model']} | {r['algo']} | {r['mode']} | {fmt(r['measured_s'])} ± {fmt(r['measured_std_s'])} | {fmt(r['simulated_s'])} | "
+        lines.append(f"| {r['model']} | {r['algo']} | {r['mode']} | {fmt(r['measured_s'])} | {r['measured_runs_ms']} | {r['run_spread'] * 100:.0f}% | {fmt(r['simulated_s'])} | "
                      f"{pct(r['error'])} | {fmt(r['analytical_s'])} | {pct(r['analytical_error'])} | {int(r['fallback_nodes'])} |")
     if len(ok):
         mae, worst = float(ok["error"].abs().mean()), float(ok["error"].abs().max())
         within = int((ok["error"].abs() <= 0.10).sum())
         lines += ["", f"Mean absolute error {mae * 100:.1f}% (goal <= 5%), worst {worst * 100:.1f}% (goal <= 10% per case), "
                   f"{within} of {len(ok)} cases within 10%. Analytical roofline: mean absolute error "
-                  f"{float(ok['analytical_error'].abs().mean()) * 100:.1f}%."]
+                  f"{float(ok['analytical_error'].abs().mean()) * 100:.1f}%. Median spread between runs of one case "
+                  f"{float(ok['run_spread'].median()) * 100:.0f}%."]
     ref = df[df["status"] != "ok"]
     if len(ref):
         lines += ["", "Not executed (only simulated):", ""] + [f"* {r['model']} / {r['algo']}: {r['note']}" for _, r in ref.iterrows()]
@@ -164,10 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=50, help="measured steps per case (Celeritas: 50)")
     ap.add_argument("--warmup", type=int, default=5, help="discarded steps per case (Celeritas: 5)")
     ap.add_argument("--reps", type=int, default=10, help="profiler repetitions per op")
-    ap.add_argument("--profile-dir", default=None, help="profile root (default results/profiles; --quick: <out>/profiles)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="profile every model and run every case this many times, in rounds; medians are reported (default 3)")
+    ap.add_argument("--profile-dir", default=None, help="profile root (default <out>/profiles; results/profiles with --profile-mode isolated)")
     ap.add_argument("--no-profile", action="store_true", help="reuse the profiles already in the profile root")
-    ap.add_argument("--profile-mode", default="isolated", choices=["isolated", "in_situ"],
-                    help="isolated: each distinct op alone (the issue's profiler); in_situ: every op inside whole steps")
+    ap.add_argument("--profile-mode", default="in_situ", choices=["isolated", "in_situ"],
+                    help="in_situ (default): every op inside whole steps; isolated: each distinct op alone (harness.profile's default)")
     ap.add_argument("--out", default=None, help="output dir (default results/sim_accuracy)")
     ap.add_argument("--quick", action="store_true", help="lenet5 (batch 16), round robin, 3 steps: checks the pipeline, not the accuracy")
     a = ap.parse_args(argv)
@@ -177,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         overrides.update(QUICK_MODEL)
         models, algos = QUICK["models"], QUICK["algos"]
-        a.steps, a.warmup, a.reps = QUICK["steps"], QUICK["warmup"], QUICK["reps"]
+        a.steps, a.warmup, a.reps, a.repeats = QUICK["steps"], QUICK["warmup"], QUICK["reps"], 1
     else:
         models = a.models or list(MODELS)
         present = {p.stem for p in (CONF / "algo").glob("*.yaml")}
@@ -186,22 +248,27 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
     out = Path(a.out) if a.out else results_dir("sim_accuracy")
-    root = Path(a.profile_dir) if a.profile_dir else (out / "profiles" if a.quick else CONF.parent / "results" / "profiles")
+    root = Path(a.profile_dir) if a.profile_dir else (CONF.parent / "results" / "profiles" if a.profile_mode == "isolated" and not a.quick
+                                                      else out / "profiles")
     kind = _kind()
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
     if not a.no_profile:
-        profile_models(models, overrides, root, kind, a.reps, 1 if a.quick else 3, a.profile_mode)
-    rows = []
-    for m in models:
-        for algo in tqdm(algos, desc=f"{m}: real runs", unit="case"):
-            rows.append(run_case(m, overrides[m], algo, root, a.steps, a.warmup))
-    df = pd.DataFrame(rows)
+        profile_models(models, overrides, root, kind, a.reps, 1 if a.quick else 3, a.profile_mode, repeats=a.repeats)
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {(m, algo): [] for m in models for algo in algos}
+    with tqdm(total=a.repeats * len(runs), desc="real runs", unit="case") as bar:
+        for _ in range(a.repeats):  # rounds over all cases: a slow spell of the machine spreads over them
+            for m, algo in runs:
+                if not runs[(m, algo)] or runs[(m, algo)][0]["status"] == "ok":
+                    runs[(m, algo)].append(run_case(m, overrides[m], algo, root, a.steps, a.warmup))
+                bar.update()
+    df = pd.DataFrame([combine_runs(rs) for rs in runs.values()])
     from harness.profile import cpu_model
 
-    cmd = "python -m experiments sim_accuracy" + (" --quick" if a.quick else "") + (f" --profile-mode {a.profile_mode}" if a.profile_mode != "isolated" else "")
+    cmd = "python -m experiments sim_accuracy" + (" --quick" if a.quick else "") + (f" --profile-mode {a.profile_mode}" if a.profile_mode != "in_situ" else "")
     meta = {"cpu": cpu_model(), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup, "load_before": load_before, "mode": a.profile_mode,
-            "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()), "date": _dt.date.today().isoformat(), "command": cmd}
+            "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()), "date": _dt.date.today().isoformat(), "command": cmd, "repeats": a.repeats,
+            "comm": _comm_summary()}
     write_outputs(df, out, meta)
     ok = df[df["status"] == "ok"]
     if len(ok):

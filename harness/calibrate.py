@@ -8,10 +8,23 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   ``2 n^3`` FLOPs per call): the device's ``peak_tflops``;
 * memory bandwidth: ``dst.copy_(src)`` of a tensor much larger than the caches, bytes read
   plus bytes written per second (the roofline's ``work_bytes`` counts both): ``mem_bw_GBps``;
-* the gloo link: two processes pinned to their own cores ping-pong tensors of growing size
-  with ``send``/``recv`` on loopback; half a round trip per size, then a least-squares fit of
-  ``t = lat + bytes / bw``: ``lat_us`` and ``bw_GBps`` of cpu2's links.  A two-rank gloo
-  all-reduce is timed too, for comparison with the ring formula of the cost model.
+* the gloo link: two processes pinned to their own cores (with the idle spinners of
+  ``sim=realrun`` on them, :class:`~harness.profile.IdleSpinners`) ping-pong tensors of growing
+  size with ``send``/``recv`` on loopback, a stream of round trips per size without barriers
+  in between, as a real run's messages follow one another; the *mean* half round trip per
+  size (a slow wake-up of the peer is part of what a step pays), then a least-squares fit of
+  ``t = lat + bytes / bw``: ``lat_us`` and ``bw_GBps`` of cpu2's links;
+* the collective: a stream of two-rank asynchronous gloo all-reduces per size (issued back to
+  back, then waited for, as a data-parallel backward pass does), the mean, fitted to the
+  ring formula of the cost model (``2(p-1) lat + 2(p-1)/p bytes / bw``): cpu2's
+  ``collective: {lat_us, bw_GBps}``, which the cost model uses for all-reduce instead of the
+  links' figures - gloo's all-reduce of small tensors costs several link latencies more than
+  a ring of two sends.  The sizes are visited ``--rounds`` times, and each figure is the mean
+  over the rounds, so that a slow spell of a shared machine spreads over all sizes;
+* what a message costs the endpoints' cores: both ranks run a matmul loop alone and while
+  exchanging small and 1 MiB messages (``isend`` / ``irecv``, as a real run's transfers); the
+  slowdown per message and side, and per byte: cpu2's ``host_comm: {per_message_us,
+  copy_GBps}``, with which the simulator charges every transfer to both endpoints' compute.
 
 It prints the figures and a YAML snippet; ``--write`` rewrites ``conf/cluster/device/cpu_host.yaml``
 and ``conf/cluster/cpu2.yaml`` with them (the device kind is this CPU's profile name, so that
@@ -69,66 +82,137 @@ def copy_bandwidth(threads: int = 1, mib: int = 512, reps: int = 10) -> float:
     return 2.0 * n * 4 / statistics.median(ts)
 
 
-SIZES = [4, 4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+SIZES = [4, 256, 4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+#: all-reduces smaller than this are left out of the collective's fit (gloo reduces a few bytes
+#: far faster than a ring; gradients are larger)
+COLL_FIT_MIN = 256
+#: bytes of the large messages whose extra compute cost gives the endpoints' copy bandwidth
+BIG_MSG = 1 << 20
 
 
-def _pingpong(rank: int, world: int, init: str, threads: int, reps: int, out: str) -> None:
+def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps: int, rounds: int, out: str, spin: bool) -> None:
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
-    pin_to_cores(threads, offset=rank * threads)
-    torch.set_num_threads(threads)
+    from harness.profile import IdleSpinners
+
+    cores = cores_of[rank]
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
+    torch.set_num_threads(len(cores))
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     peer = 1 - rank
-    res: dict[str, Any] = {"p2p": {}, "allreduce": {}}
-    for size in SIZES:
-        t = torch.ones(max(1, size // 4))
-        r = max(3, reps if size <= (1 << 20) else reps // 4)
-        ts = []
-        for k in range(r + 2):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(t, peer)
-                dist.recv(t, peer)
-            else:
-                dist.recv(t, peer)
-                dist.send(t, peer)
-            if k >= 2:
-                ts.append((time.perf_counter() - t0) / 2)
-        res["p2p"][size] = statistics.median(ts)
-        ts = []
-        for k in range(r + 2):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(t)
-            if k >= 2:
-                ts.append(time.perf_counter() - t0)
-        res["allreduce"][size] = statistics.median(ts)
+    p2p: dict[int, list[float]] = {s: [] for s in SIZES}
+    coll: dict[int, list[float]] = {s: [] for s in SIZES}
+
+    def stream(n: int, t: Any, what: str) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        if what == "p2p":
+            for _ in range(n):
+                if rank == 0:
+                    dist.send(t, peer)
+                    dist.recv(t, peer)
+                else:
+                    dist.recv(t, peer)
+                    dist.send(t, peer)
+        else:  # asynchronous all-reduces issued back to back, then waited for (a data-parallel backward pass)
+            for h in [dist.all_reduce(t, async_op=True) for _ in range(n)]:
+                h.wait()
+        return time.perf_counter() - t0
+
+    with IdleSpinners(cores) if spin else contextlib.nullcontext():
+        # streams of messages, as a real run's follow one another: the mean per message counts
+        # the slow ones (a peer that has to be woken) the median would drop; the sizes are
+        # visited ``rounds`` times, so that a slow minute of a shared machine spreads over all
+        for _ in range(rounds):
+            for size in SIZES:
+                t = torch.ones(max(1, size // 4))
+                r = max(4, reps if size <= (1 << 20) else reps // 8)
+                stream(2, t, "p2p")
+                p2p[size].append(stream(r, t, "p2p") / (2 * r))
+                stream(2, t, "allreduce")
+                coll[size].append(stream(r, t, "allreduce") / r)
+        msg_cpu = [_message_cpu(rank, peer, n_msg=64, reps=5) for _ in range(rounds)]
+        big_cpu = [_message_cpu(rank, peer, n_msg=32, reps=5, numel=BIG_MSG // 4) for _ in range(rounds)]
     if rank == 0:
-        Path(out).write_text(json.dumps(res))
+        Path(out).write_text(json.dumps({"p2p": {s: statistics.fmean(v) for s, v in p2p.items()},
+                                         "allreduce": {s: statistics.fmean(v) for s, v in coll.items()},
+                                         "msg_cpu_s": statistics.fmean(msg_cpu), "big_msg_cpu_s": statistics.fmean(big_cpu)}))
     dist.destroy_process_group()
 
 
-def gloo_link(threads: int = 1, reps: int = 50) -> dict[str, Any]:
-    """Half round trip and all-reduce times per size between two pinned gloo ranks, and the
-    alpha-beta fit ``lat_s``, ``bw_Bps`` (least squares over the sizes)."""
+def _message_cpu(rank: int, peer: int, n_msg: int, reps: int, numel: int = 64) -> float:
+    """Compute time one message costs each endpoint's core: both ranks run the same matmul
+    loop, alone and then exchanging ``n_msg`` small messages each way (``isend`` spread over
+    the loop, ``irecv`` posted up front, as a real run's transfers), and the slowdown of the
+    loop per message (a send plus a receive) is returned, halved: one side of one message."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(96, 96), torch.randn(96, 96)
+    every = 8
+    msgs = [torch.ones(numel) for _ in range(n_msg)]
+    inbox = [torch.empty(numel) for _ in range(n_msg)]
+
+    def loop(talk: bool) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        hs = [dist.irecv(x, peer, tag=j) for j, x in enumerate(inbox)] if talk else []
+        for j in range(n_msg * every):
+            torch.mm(a, b)
+            if talk and j % every == every - 1:
+                hs.append(dist.isend(msgs[j // every], peer, tag=j // every))
+        t = time.perf_counter() - t0  # the compute, before waiting for the last messages
+        for h in hs:
+            h.wait()
+        return t
+
+    loop(False), loop(True)
+    alone = statistics.median(loop(False) for _ in range(reps))
+    talking = statistics.median(loop(True) for _ in range(reps))
+    return max(0.0, (talking - alone) / n_msg / 2)
+
+
+def _fit(sizes: Any, t: Any) -> tuple[float, float]:
+    """Least-squares ``t = a + b * bytes`` weighted by ``1 / t`` (small messages, where the
+    latency shows, count as much as big ones): ``(a, b)``, both kept positive."""
+    import numpy as np
+
+    A = np.vstack([np.ones_like(sizes), sizes]).T
+    coef, *_ = np.linalg.lstsq(A / t[:, None], np.ones_like(t), rcond=None)
+    a = max(float(coef[0]), float(t.min()) * 0.5)
+    b = float(coef[1]) if coef[1] > 0 else float(t[-1] / sizes[-1])
+    return a, b
+
+
+def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int = 3) -> dict[str, Any]:
+    """Mean one-way time of a stream of ping-pong messages and mean time of a stream of
+    all-reduces per size between two pinned gloo ranks, and their alpha-beta fits: the link's
+    ``lat_s``, ``bw_Bps`` (``t = lat + bytes / bw``) and the collective's ``coll_lat_s``,
+    ``coll_bw_Bps`` in the ring formula of two ranks (``t = 2 lat + bytes / bw``).  ``spin``
+    runs :class:`~harness.profile.IdleSpinners` on the ranks' cores, as ``sim=realrun`` does."""
     import numpy as np
     import torch.multiprocessing as mp
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # each rank on its own cores, as sim=realrun places them: a message between two cores costs
+    # a cross-core wake-up that two processes sharing one core would not pay
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores_of = [[allowed[(r * threads + t) % len(allowed)] for t in range(threads)] for r in range(2)]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "res.json")
-        mp.spawn(_pingpong, args=(2, f"file://{d}/rdzv", threads, reps, out), nprocs=2, join=True)
+        mp.spawn(_pingpong, args=(2, f"file://{d}/rdzv", cores_of, reps, rounds, out, spin), nprocs=2, join=True)
         res = json.loads(Path(out).read_text())
     sizes = np.array([float(s) for s in res["p2p"]])
-    t = np.array(list(res["p2p"].values()))
-    A = np.vstack([np.ones_like(sizes), sizes]).T
-    # weight by 1/t so that small messages (latency) count as much as big ones (bandwidth)
-    coef, *_ = np.linalg.lstsq(A / t[:, None], np.ones_like(t), rcond=None)
-    lat = max(float(coef[0]), float(t.min()) * 0.5)
-    bw = 1.0 / float(coef[1]) if coef[1] > 0 else float(sizes[-1] / t[-1])
-    return {"lat_s": lat, "bw_Bps": bw, "p2p_s": res["p2p"], "allreduce_s": res["allreduce"]}
+    lat, inv_bw = _fit(sizes, np.array(list(res["p2p"].values())))
+    big = sizes >= COLL_FIT_MIN
+    a, b = _fit(sizes[big], np.array(list(res["allreduce"].values()))[big])
+    return {"lat_s": lat, "bw_Bps": 1.0 / inv_bw, "coll_lat_s": a / 2, "coll_bw_Bps": 1.0 / b, "spin_idle": spin, "msg_cpu_s": res["msg_cpu_s"],
+            "copy_cpu_Bps": BIG_MSG / max(res["big_msg_cpu_s"] - res["msg_cpu_s"], 1e-9),
+            "p2p_s": res["p2p"], "allreduce_s": res["allreduce"]}
 
 
 def _mem_gib_per_device(devices: int) -> float:
@@ -153,16 +237,24 @@ mem_GiB: {mem_gib}
 """
 
 
-def cluster_yaml(lat: float, bw: float, threads: int, when: str, allreduce: dict[str, float]) -> str:
-    ar = ", ".join(f"{int(s) // 1024} KiB {t * 1e6:.0f} us" for s, t in allreduce.items() if int(s) >= 65536)
+def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
+    lat, bw, clat, cbw = link["lat_s"], link["bw_Bps"], link["coll_lat_s"], link["coll_bw_Bps"]
+    ar = ", ".join(f"{int(s) // 1024} KiB {t * 1e6:.0f} us" for s, t in link["allreduce_s"].items() if int(s) >= 65536)
+    spin = "with" if link.get("spin_idle", True) else "without"
     return f"""# cpu2: two CPU devices of {threads} core(s) each on this machine - the cluster the real-run
 # tests and the simulator-accuracy experiment (python -m experiments sim_accuracy) run on:
 # sim=realrun pins rank r to its own core(s) with {threads} torch thread(s), and the ranks talk
 # gloo over loopback. Device figures: conf/cluster/device/cpu_host.yaml.
-# Link: gloo send/recv between two pinned processes, half a ping-pong round trip per size,
-# least-squares alpha-beta fit; measured by `python -m harness.calibrate --threads {threads} --write`
-# on {when}: latency {lat * 1e6:.1f} us, bandwidth {bw / 1e9:.2f} GB/s.
-# (gloo all-reduce of 2 ranks, for comparison with the ring formula: {ar}.)
+# Measured by `python -m harness.calibrate --threads {threads} --write` on {when}, {spin} idle spinners
+# on the ranks' cores (as sim=realrun runs): two pinned processes, streams of messages (mean per message).
+# Link: gloo send/recv, half a ping-pong round trip per size, least-squares alpha-beta fit:
+# latency {lat * 1e6:.1f} us, bandwidth {bw / 1e9:.2f} GB/s.
+# collective: gloo all-reduce of 2 ranks ({ar}), fitted to the ring formula
+# 2(p-1) lat + 2(p-1)/p bytes / bw: lat {clat * 1e6:.1f} us, bw {cbw / 1e9:.2f} GB/s (the cost model uses it
+# for all-reduce instead of the links' figures).
+# host_comm: what a transfer costs each endpoint's core in compute (gloo's sends and receives are
+# CPU copies on the ranks' own cores): both ranks run a matmul loop alone and while exchanging
+# small and 1 MiB messages; slowdown per message and side {link["msg_cpu_s"] * 1e6:.1f} us, bytes at {link["copy_cpu_Bps"] / 1e9:.2f} GB/s.
 defaults:
   - device: cpu_host
 _target_: harness.cluster.build_cluster
@@ -170,6 +262,8 @@ name: cpu2
 gpus: 2          # devices per host (CPU devices here)
 nodes: 1
 intra: {{topology: mesh, cls: loopback, bw_GBps: {bw / 1e9:.3f}, lat_us: {lat * 1e6:.2f}}}
+collective: {{lat_us: {clat * 1e6:.2f}, bw_GBps: {cbw / 1e9:.3f}}}
+host_comm: {{per_message_us: {link["msg_cpu_s"] * 1e6:.1f}, copy_GBps: {link["copy_cpu_Bps"] / 1e9:.3f}}}
 """
 
 
@@ -179,22 +273,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=50, help="ping-pong repetitions per size")
     ap.add_argument("--write", action="store_true", help="rewrite conf/cluster/device/cpu_host.yaml and conf/cluster/cpu2.yaml")
     ap.add_argument("--json", default=None, help="also write the raw figures to this JSON file")
+    ap.add_argument("--rounds", type=int, default=3, help="passes over the message sizes (default 3)")
+    ap.add_argument("--no-spin", action="store_true", help="measure the link without idle spinners on the ranks' cores")
     a = ap.parse_args(argv)
     import torch
 
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     pin_to_cores(a.threads)
     torch.set_num_threads(a.threads)
     when = _dt.date.today().isoformat() + f" (torch {torch.__version__})"
     flops = gemm_flops(a.threads)
     bw = copy_bandwidth(a.threads)
     print(f"GEMM fp32: {flops / 1e9:.1f} GFLOP/s   copy: {bw / 1e9:.2f} GB/s   ({a.threads} thread(s), {cpu_model()})")
-    link = gloo_link(a.threads, a.reps)
-    print(f"gloo p2p: latency {link['lat_s'] * 1e6:.1f} us, bandwidth {link['bw_Bps'] / 1e9:.2f} GB/s")
+    if allowed is not None:
+        os.sched_setaffinity(0, allowed)  # the two ranks choose their cores among all of them
+    link = gloo_link(a.threads, a.reps, spin=not a.no_spin, rounds=a.rounds)
+    print(f"gloo p2p: latency {link['lat_s'] * 1e6:.1f} us, bandwidth {link['bw_Bps'] / 1e9:.2f} GB/s; "
+          f"all-reduce (ring fit): latency {link['coll_lat_s'] * 1e6:.1f} us, bandwidth {link['coll_bw_Bps'] / 1e9:.2f} GB/s")
     for s, t in link["p2p_s"].items():
         print(f"  {int(s):>10} B  one-way {t * 1e6:9.1f} us   all-reduce {link['allreduce_s'][s] * 1e6:9.1f} us")
     kind = device_name("cpu", a.threads)
     dev = device_yaml(kind, flops, bw, _mem_gib_per_device(2), a.threads, when)
-    clu = cluster_yaml(link["lat_s"], link["bw_Bps"], a.threads, when, link["allreduce_s"])
+    clu = cluster_yaml(link, a.threads, when)
     print("\n# conf/cluster/device/cpu_host.yaml\n" + dev + "\n# conf/cluster/cpu2.yaml\n" + clu)
     if a.json:
         Path(a.json).write_text(json.dumps({"gemm_flops": flops, "copy_Bps": bw, "threads": a.threads, "kind": kind, **link}, indent=1))

@@ -213,7 +213,9 @@ def build_cluster(
     ``intra`` describes the links inside a host (``topology`` mesh / switch / pcie_tree,
     ``cls``, ``bw_GBps`` or ``bw_gbps``, ``lat_us``); ``inter`` the NIC of each host;
     ``host_link`` the path from a GPU to its host's NIC (PCIe by default).  A route between
-    hosts is GPU -> NIC (host_link) -> NIC egress -> NIC ingress -> GPU.
+    hosts is GPU -> NIC (host_link) -> NIC egress -> NIC ingress -> GPU.  Other keys land in
+    ``Cluster.meta``; ``collective: {lat_us, bw_GBps}`` (measured all-reduce figures, e.g. by
+    ``python -m harness.calibrate``) replaces the links' in the cost model's ring all-reduce.
     """
     if gpus < 1 or nodes < 1:
         raise ClusterError(f"cluster {name!r}: gpus and nodes must be >= 1 (got gpus={gpus}, nodes={nodes})")

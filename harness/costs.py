@@ -8,7 +8,8 @@ behind the same interface.
   for a node that runs a kernel; views, getitem and detach (``graph.free``) cost nothing.
 * transfer (alpha-beta along the route): ``sum(lat) + bytes / min(bw)``.
 * gradient synchronisation: ring all-reduce ``2(p-1)/p * bytes / B + 2(p-1) * alpha``
-  (B, alpha: the slowest hop of the ring), or a parameter server on the group's first
+  (B, alpha: the slowest hop of the ring, or a cluster's measured ``collective: {lat_us, bw_GBps}``
+  when it has one, as cpu2 from ``python -m harness.calibrate``), or a parameter server on the group's first
   device: ``2 * ((p-1) * bytes / B_ps + alpha)`` (OptCNN's t_S).
 * layer shards (:meth:`AnalyticalCostModel.layer_times`, the layer graph's OptCNN t_C split
   into forward and backward): the same roofline on a layer's ``flops_fwd`` / ``flops_bwd`` and
@@ -147,9 +148,13 @@ class AnalyticalCostModel:
             bw = min(self.cluster.route_bw[w, ps] for w in devs[1:])
             lat = max(self.cluster.route_lat[w, ps] for w in devs[1:])
             return float(2 * ((p - 1) * nbytes / bw + lat))
-        hops = [(devs[k], devs[(k + 1) % p]) for k in range(p)]
-        bw = min(self.cluster.route_bw[a, b] for a, b in hops)
-        lat = max(self.cluster.route_lat[a, b] for a, b in hops)
+        coll = self.cluster.meta.get("collective")
+        if coll:  # a measured collective (harness.calibrate), in the ring formula's terms
+            bw, lat = float(coll["bw_GBps"]) * 1e9, float(coll["lat_us"]) * 1e-6
+        else:
+            hops = [(devs[k], devs[(k + 1) % p]) for k in range(p)]
+            bw = min(self.cluster.route_bw[a, b] for a, b in hops)
+            lat = max(self.cluster.route_lat[a, b] for a, b in hops)
         return float(2 * (p - 1) / p * nbytes / bw + 2 * (p - 1) * lat)
 
     # -- memory

@@ -100,6 +100,55 @@ def pin_to_cores(n: int, offset: int = 0) -> list[int]:
     return cores
 
 
+# a busy loop at SCHED_IDLE priority on one core, that exits when its parent does
+_SPIN = """\
+import os, sys
+ppid = os.getppid()
+os.sched_setaffinity(0, {int(sys.argv[1])})
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+while os.getppid() == ppid:
+    for _ in range(200000):
+        pass
+"""
+
+
+class IdleSpinners:
+    """Keep ``cores`` from going idle: one busy-loop process per core at ``SCHED_IDLE`` priority.
+
+    A communicating rank sleeps while it waits for its peer; on a virtual machine an idle
+    virtual CPU is halted and waking it again can take milliseconds (on bare metal, a deep
+    C-state), which makes every wait cost far more, and far more unevenly, than the transfer
+    (the effect of the ``idle=poll`` kernel option, without rebooting).  ``SCHED_IDLE`` threads
+    run only when nothing else wants the core and are preempted as soon as any other thread
+    wakes, so they take next to no time from the ranks' compute or gloo's threads (they do
+    count in the load average).  Use as a context manager;
+    a no-op where the OS has no ``SCHED_IDLE`` (not Linux).  A spinner also exits by itself
+    when the process that started it dies."""
+
+    def __init__(self, cores: Sequence[int]) -> None:
+        self.cores = sorted({int(c) for c in cores}) if hasattr(os, "SCHED_IDLE") else []
+        self.procs: list[Any] = []
+
+    def __enter__(self) -> "IdleSpinners":
+        import subprocess
+        import sys
+
+        for c in self.cores:
+            self.procs.append(subprocess.Popen([sys.executable, "-c", _SPIN, str(c)], stdin=subprocess.DEVNULL,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - a spinner that ignores SIGTERM is killed
+                p.kill()
+        self.procs.clear()
+
+
 # ---------------------------------------------------------------------------- timing
 def signature(target: str, args: Any, kwargs: Any) -> str:
     """Target plus shapes, dtypes and strides of tensor arguments plus the other arguments."""
@@ -301,11 +350,14 @@ def profile_model(
     pin: bool = True,
     progress: bool = True,
     mode: str = "isolated",
+    spin_idle: bool = True,
 ) -> list[Path]:
     """Profile a :class:`~harness.models.TorchModel` at each batch size; returns the files written.
 
     The calling process is pinned to ``threads`` cores with ``threads`` torch threads while it
-    runs (CPU), and restored afterwards."""
+    runs (CPU), and restored afterwards; with ``spin_idle`` those cores carry the idle spinners
+    a CPU rank of ``sim=realrun`` runs with (:class:`IdleSpinners`), so that ops are timed on
+    a core in the same state as the real run's."""
     import torch
 
     if not hasattr(source, "build") or not hasattr(source, "inputs"):
@@ -323,8 +375,9 @@ def profile_model(
     torch.set_num_threads(threads)
     cores = pin_to_cores(threads) if (pin and dev.type == "cpu") else []
     try:
-        return _profile_batches(source, dev, threads, warmup, reps, max_op_s, granularity, optimizer, batch_probe, seed, out_dir, name, progress,
-                                cores, batch_sizes, mode)
+        with IdleSpinners(cores if spin_idle else []):
+            return _profile_batches(source, dev, threads, warmup, reps, max_op_s, granularity, optimizer, batch_probe, seed, out_dir, name,
+                                    progress, cores, batch_sizes, mode)
     finally:  # leave the calling process as it was
         torch.set_num_threads(old_threads)
         if cores and old_cores is not None:
@@ -453,7 +506,7 @@ def _hydra_main() -> None:
             threads=int(cfg.threads), warmup=int(cfg.warmup), reps=int(cfg.reps), max_op_s=float(cfg.max_op_s),
             granularity=str(g.get("granularity", "aten")), optimizer=str(g.get("optimizer", "sgd")),
             batch_probe=bool(g.get("batch_probe", True)), seed=int(cfg.seed), out_dir=cfg.out_dir, name=cfg.device_name,
-            pin=bool(cfg.pin), progress=bool(cfg.progress), mode=str(cfg.mode),
+            pin=bool(cfg.pin), progress=bool(cfg.progress), mode=str(cfg.mode), spin_idle=bool(cfg.get("spin_idle", True)),
         )
         print(summarize(files))
 

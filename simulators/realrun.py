@@ -9,7 +9,10 @@ One process (*rank*) per device of the cluster: gloo on CPUs, NCCL on GPUs, star
 ``torch.multiprocessing`` (``launcher: spawn``) or ``torchrun`` (``launcher: torchrun``; or
 on several hosts by hand, see :func:`main`), rendezvous through ``env://`` or a file.  A
 CPU rank is pinned to its own cores (``os.sched_setaffinity``) and runs
-``threads_per_rank`` torch threads, so that the ranks behave as separate devices.
+``threads_per_rank`` torch threads, so that the ranks behave as separate devices; with
+``spin_idle`` (default) it keeps a ``SCHED_IDLE`` busy loop on each of its cores
+(:class:`harness.profile.IdleSpinners`), so that a rank waiting for a message does not halt
+its core - waking a halted virtual CPU costs milliseconds per message.
 
 The captured joint forward + backward + SGD-update graph is turned into an
 :class:`~harness.execgraph.ExecGraph` and, for each rank, into straight-line Python code
@@ -140,6 +143,8 @@ class Job:
     param_rows: dict[int, int] = field(default_factory=dict)
     #: channel_parallel: outputs (``grad<j>``, ``new<j>``) that are slices, concatenated over the ranks along dim 0
     gather: list[str] = field(default_factory=list)
+    #: CPU ranks: keep each rank's cores from idling (:class:`harness.profile.IdleSpinners`)
+    spin_idle: bool = False
 
 
 class _Emitter:
@@ -828,6 +833,7 @@ class RealRun:
         order: str = "strict",
         timeout_s: float = 600.0,
         job_dir: str | None = None,
+        spin_idle: bool = True,
         **params: Any,
     ) -> None:
         if launcher not in ("spawn", "torchrun", "prepare"):
@@ -844,6 +850,7 @@ class RealRun:
         self.order = order
         self.timeout_s = float(timeout_s)
         self.job_dir = job_dir
+        self.spin_idle = bool(spin_idle)
         self.params = params
         self.source: Any = None
         self.seed = 0
@@ -993,7 +1000,7 @@ class RealRun:
         backend = self.backend if self.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
         cores, _ = _cores(world, self.threads)
         return Job(world, mode, backend, device, self.threads, self.warmup, self.steps, self.seed, self.source, eg, progs, cores,
-                   dp, full_batch, collect, self.timeout_s)
+                   dp, full_batch, collect, self.timeout_s, spin_idle=self.spin_idle and device == "cpu")
 
     # ------------------------------------------------------------------ run
     def execute(self, graph: Any, strategy: Strategy, num_devices: int, collect: bool = False) -> "Measured":
@@ -1211,21 +1218,27 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
 def run_rank(jobs: Sequence[Job], out_dirs: Sequence[str], rank: int, local_rank: int, init_method: str) -> None:
     """One rank: pin, join the group once, then run each job in turn (they share world size,
     backend, device and threads); a failing job leaves ``rank<r>.error`` in its directory."""
+    import contextlib
     import datetime
 
     import torch.distributed as dist
+
+    from harness.profile import IdleSpinners
 
     first = jobs[0]
     device, _ = _setup_rank(first, rank, local_rank)
     dist.init_process_group(first.backend, init_method=init_method, rank=rank, world_size=first.world,
                             timeout=datetime.timedelta(seconds=max(j.timeout_s for j in jobs)))
+    # the spinners are started after the rendezvous, on this rank's own (already pinned) cores
+    spin = IdleSpinners(os.sched_getaffinity(0)) if first.spin_idle and hasattr(os, "sched_getaffinity") else contextlib.nullcontext()
     try:
-        for job, d in zip(jobs, out_dirs):
-            try:
-                _run_job(job, rank, device, d)
-            except Exception:
-                Path(d, f"rank{rank}.error").write_text(traceback.format_exc())
-                raise
+        with spin:
+            for job, d in zip(jobs, out_dirs):
+                try:
+                    _run_job(job, rank, device, d)
+                except Exception:
+                    Path(d, f"rank{rank}.error").write_text(traceback.format_exc())
+                    raise
     finally:
         dist.destroy_process_group()
 

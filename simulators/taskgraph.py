@@ -391,6 +391,18 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
     td = np.concatenate([t_dstdev, p_dstdev]).astype(np.int64)
     tb = np.concatenate([t_bytes, p_bytes]).astype(np.float64)
     dur[m:] = np.where(tb > 0, lat[tt, td] + tb / bw[tt, td], 0.0)
+    host = cluster.meta.get("host_comm")
+    if host and nt:
+        # CPU devices talking over TCP (cpu2): each endpoint's own core sends or receives the
+        # bytes, so a transfer also costs compute time on both ends - the sender's while its
+        # producer runs on, the receiver's before the first reader (in order) can start
+        cpu_s = float(host["per_message_us"]) * 1e-6 + t_bytes / (float(host["copy_GBps"]) * 1e9)
+        own = ~sh.is_coll[t_src]  # a collective's result is sent by its members' communicators
+        np.add.at(dur, t_src[own], cpu_s[own])
+        rcv = sh.e_dst[remote]
+        by_order = np.lexsort((rcv, sh.prio[rcv], inv))
+        head = np.flatnonzero(np.concatenate([[True], inv[by_order][1:] != inv[by_order][:-1]]))
+        np.add.at(dur, rcv[by_order][head], cpu_s[inv[by_order][head]])
     # links held: a transfer its route's, a collective every link of its ring
     wire = np.zeros(T, dtype=np.float64)
     wire[m:] = tb

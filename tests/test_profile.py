@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -188,10 +189,13 @@ def test_calibration_yaml_builds_a_cluster():
 
     assert gemm_flops(1, n=64, reps=2) > 0
     dev = yaml.safe_load(device_yaml(KIND, 5e10, 5e9, 4.0, 1, "today"))
-    clu = yaml.safe_load(cluster_yaml(50e-6, 1e9, 1, "today", {"65536": 3e-4}))
+    link = {"lat_s": 50e-6, "bw_Bps": 1e9, "coll_lat_s": 4e-4, "coll_bw_Bps": 2e9, "allreduce_s": {"65536": 3e-4},
+            "msg_cpu_s": 8e-5, "copy_cpu_Bps": 4e9}
+    clu = yaml.safe_load(cluster_yaml(link, 1, "today"))
     clu.pop("defaults")
-    c = instantiate({**clu, "device": dev})
+    c = instantiate({**clu, "device": dev}, _convert_="all")
     assert c.num_devices == 2 and c.devices[0].spec.kind == KIND and abs(c.route_lat[0, 1] - 50e-6) < 1e-9
+    assert c.meta["collective"] == {"lat_us": 400.0, "bw_GBps": 2.0} and c.meta["host_comm"] == {"per_message_us": 80.0, "copy_GBps": 4.0}
     # the committed cpu2 preset composes
     from experiments.common import compose
 
@@ -204,3 +208,20 @@ def test_in_situ_mode_times_every_node_inside_whole_steps(tmp_path):
     df = pd.read_parquet(files[0])
     assert (df["mode"] == "in_situ").all() and (df["reps"] == 3).all() and (df["dedup_of"] == -1).all()
     assert (df.loc[~df["free"], "time_s"] > 0).all()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
+def test_idle_spinners_run_at_idle_priority_on_their_cores_and_stop():
+    from harness.profile import IdleSpinners
+
+    core = sorted(os.sched_getaffinity(0))[0]
+    with IdleSpinners([core, core]) as sp:
+        assert len(sp.procs) == 1  # one per distinct core
+        proc = sp.procs[0]
+        pid = proc.pid
+        deadline = time.time() + 10
+        while os.sched_getscheduler(pid) != os.SCHED_IDLE and time.time() < deadline:  # it lowers itself after starting
+            time.sleep(0.02)
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        assert os.sched_getaffinity(pid) == {core}
+    assert sp.procs == [] and proc.returncode is not None  # terminated and reaped on exit

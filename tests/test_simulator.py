@@ -121,6 +121,39 @@ def test_transfer_time_is_alpha_beta(cluster4, costs4):
     assert res.bytes_by_class == {"nvlink": 10_000_000}
 
 
+def test_host_comm_charges_a_transfer_to_both_endpoints_compute():
+    # cpu2-style CPU devices: the sender's producer and the receiver's first reader (in order)
+    # each pay per_message + bytes / copy_bw of compute; the transfer itself is unchanged
+    from harness.cluster import build_cluster
+    from tests.conftest import DEVICE
+
+    def cluster(**meta):
+        return build_cluster("cpu", DEVICE, gpus=2, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0}, **meta)
+
+    g = make_graph(4, [(0, 1), (0, 2), (1, 3)], [1e9] * 4, [4_000_000, 4_000_000, 1_000])
+    strat = Strategy.placement([0, 1, 1, 1], [0, 2, 1, 3])  # node 2 reads the transfer first
+    plain, host = cluster(), cluster(host_comm={"per_message_us": 50.0, "copy_GBps": 2.0})
+    a = simulate(g, strat, plain, AnalyticalCostModel(plain, launch_us=0.0)).taskgraph
+    b = simulate(g, strat, host, AnalyticalCostModel(host, launch_us=0.0)).taskgraph
+    extra = 50e-6 + 4_000_000 / 2e9
+    comp = np.flatnonzero(a.kind == COMPUTE)
+    np.testing.assert_allclose(b.dur[comp] - a.dur[comp], [extra if n in (0, 2) else 0.0 for n in a.node[comp]])
+    tr = np.flatnonzero(a.kind == TRANSFER)
+    np.testing.assert_allclose(b.dur[tr], a.dur[tr])
+
+
+def test_measured_collective_replaces_the_links_in_the_ring_formula():
+    from harness.cluster import build_cluster
+    from tests.conftest import DEVICE
+
+    intra = {"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0}
+    plain = AnalyticalCostModel(build_cluster("cpu", DEVICE, gpus=4, intra=intra))
+    meas = AnalyticalCostModel(build_cluster("cpu", DEVICE, gpus=4, intra=intra, collective={"lat_us": 500.0, "bw_GBps": 4.0}))
+    assert plain.allreduce_time(8e6, [0, 1, 2, 3]) == pytest.approx(2 * 3 / 4 * 8e6 / 1e9 + 6 * 100e-6)
+    assert meas.allreduce_time(8e6, [0, 1, 2, 3]) == pytest.approx(2 * 3 / 4 * 8e6 / 4e9 + 6 * 500e-6)
+    assert meas.transfer_time(8e6, 0, 1) == plain.transfer_time(8e6, 0, 1)
+
+
 def test_transfers_sharing_a_link_contend(cluster4, costs4):
     # 0 -> 1 and 0 -> 2 both leave device 0 through its one switch port: they serialise
     g = make_graph(3, [(0, 1), (0, 2)], [0.0, 0.0, 0.0], [10_000_000, 10_000_000])
