@@ -24,7 +24,8 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
 * what a message costs the endpoints' cores: both ranks run a matmul loop alone and while
   exchanging small and 1 MiB messages (``isend`` / ``irecv``, as a real run's transfers); the
   slowdown per message and side, and per byte: cpu2's ``host_comm: {per_message_us,
-  copy_GBps}``, with which the simulator charges every transfer to both endpoints' compute.
+  copy_GBps}``, with which the simulator charges every transfer to both endpoints' compute
+  (and takes it out of the link's one-way time, which holds it already).
 
 It prints the figures and a YAML snippet; ``--write`` rewrites ``conf/cluster/device/cpu_host.yaml``
 and ``conf/cluster/cpu2.yaml`` with them (the device kind is this CPU's profile name, so that

@@ -403,6 +403,9 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
         by_order = np.lexsort((rcv, sh.prio[rcv], inv))
         head = np.flatnonzero(np.concatenate([[True], inv[by_order][1:] != inv[by_order][:-1]]))
         np.add.at(dur, rcv[by_order][head], cpu_s[inv[by_order][head]])
+        # the link's figures are a one-way time measured end to end, which already holds the
+        # endpoints' work now charged to them: the wire keeps the rest
+        dur[m:m + nt] = np.maximum(dur[m:m + nt] - 2.0 * cpu_s, 0.0)
     # links held: a transfer its route's, a collective every link of its ring
     wire = np.zeros(T, dtype=np.float64)
     wire[m:] = tb

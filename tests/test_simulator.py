@@ -123,7 +123,8 @@ def test_transfer_time_is_alpha_beta(cluster4, costs4):
 
 def test_host_comm_charges_a_transfer_to_both_endpoints_compute():
     # cpu2-style CPU devices: the sender's producer and the receiver's first reader (in order)
-    # each pay per_message + bytes / copy_bw of compute; the transfer itself is unchanged
+    # each pay per_message + bytes / copy_bw of compute; the wire keeps the rest of the
+    # measured one-way time
     from harness.cluster import build_cluster
     from tests.conftest import DEVICE
 
@@ -132,14 +133,15 @@ def test_host_comm_charges_a_transfer_to_both_endpoints_compute():
 
     g = make_graph(4, [(0, 1), (0, 2), (1, 3)], [1e9] * 4, [4_000_000, 4_000_000, 1_000])
     strat = Strategy.placement([0, 1, 1, 1], [0, 2, 1, 3])  # node 2 reads the transfer first
-    plain, host = cluster(), cluster(host_comm={"per_message_us": 50.0, "copy_GBps": 2.0})
+    plain, host = cluster(), cluster(host_comm={"per_message_us": 50.0, "copy_GBps": 4.0})
     a = simulate(g, strat, plain, AnalyticalCostModel(plain, launch_us=0.0)).taskgraph
     b = simulate(g, strat, host, AnalyticalCostModel(host, launch_us=0.0)).taskgraph
-    extra = 50e-6 + 4_000_000 / 2e9
+    extra = 50e-6 + 4_000_000 / 4e9
     comp = np.flatnonzero(a.kind == COMPUTE)
     np.testing.assert_allclose(b.dur[comp] - a.dur[comp], [extra if n in (0, 2) else 0.0 for n in a.node[comp]])
     tr = np.flatnonzero(a.kind == TRANSFER)
-    np.testing.assert_allclose(b.dur[tr], a.dur[tr])
+    np.testing.assert_allclose(b.dur[tr], np.maximum(a.dur[tr] - 2 * extra, 0.0))
+    assert a.dur[tr[0]] == pytest.approx(100e-6 + 4_000_000 / 1e9) and b.dur[tr[0]] > 0
 
 
 def test_measured_collective_replaces_the_links_in_the_ring_formula():
