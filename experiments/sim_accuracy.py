@@ -5,11 +5,14 @@ of a cpu2 rank) at the batch sizes the strategies need (B and B/2), into the pro
 directory of cpu2's device kind.  By default each op is timed *in situ* (its call inside whole
 steps, ``harness.profile mode=in_situ``, filed under ``<out>/profiles``): timed in isolation
 (``--profile-mode isolated``, the profiles of results/profiles) an op runs on warm caches and
-the steps of these small models come out 25-35% short on a single device.  Then, for each algorithm whose plan can run for real
-(operator placements and data parallelism on the captured graph), ``python -m harness
-cluster=cpu2 costs=profiled sim=realrun`` is run: the event simulator gives the simulated
-step time, the two pinned gloo ranks the measured one (5 warm-up steps, mean of the next
-50).  Reported per case: both times, the relative error (simulated / measured - 1), and
+the steps of these small models come out 25-35% short on a single device.  Then, for each
+algorithm whose plan can run for real (operator placements and data parallelism on the
+captured graph), ``python -m harness cluster=cpu2 costs=profiled sim=realrun`` is run: the
+event simulator gives the simulated step time, the two pinned gloo ranks the measured one
+(5 warm-up steps, mean of the next 50).  A shared machine drifts by tens of percent between
+minutes, so every model is profiled ``--repeats`` times (the median per op) and every case
+is run ``--repeats`` times in rounds over all cases (the median run; the runs and their
+spread are reported).  Reported per case: both times, the relative error (simulated / measured - 1), and
 the same for the analytical roofline (costs=analytical on the same plan) for comparison;
 overall the mean absolute error.  Goal: |error| <= 10% per case, mean <= 5%.
 
