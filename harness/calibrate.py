@@ -21,6 +21,9 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   links' figures - gloo's all-reduce of small tensors costs several link latencies more than
   a ring of two sends.  The sizes are visited ``--rounds`` times, and each figure is the mean
   over the rounds, so that a slow spell of a shared machine spreads over all sizes;
+* (reported, not modelled) how late a small message arrives when its sender goes on
+  computing after posting it, as a real run's ranks do: gloo's sending thread must wait
+  for the core;
 * what a message costs the endpoints' cores: both ranks run a matmul loop alone and while
   exchanging small and 1 MiB messages (``isend`` / ``irecv``, as a real run's transfers); the
   slowdown per message and side, and per byte: cpu2's ``host_comm: {per_message_us,
@@ -138,10 +141,13 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
                 coll[size].append(stream(r, t, "allreduce") / r)
         msg_cpu = [_message_cpu(rank, peer, n_msg=64, reps=5) for _ in range(rounds)]
         big_cpu = [_message_cpu(rank, peer, n_msg=32, reps=5, numel=BIG_MSG // 4) for _ in range(rounds)]
+        busy = _busy_sender(rank, peer, reps=20 * rounds)
     if rank == 0:
         Path(out).write_text(json.dumps({"p2p": {s: statistics.fmean(v) for s, v in p2p.items()},
                                          "allreduce": {s: statistics.fmean(v) for s, v in coll.items()},
                                          "msg_cpu_s": statistics.fmean(msg_cpu), "big_msg_cpu_s": statistics.fmean(big_cpu)}))
+    if rank == 1:
+        Path(out + ".busy").write_text(json.dumps(busy))
     dist.destroy_process_group()
 
 
@@ -177,6 +183,37 @@ def _message_cpu(rank: int, peer: int, n_msg: int, reps: int, numel: int = 64) -
     return max(0.0, (talking - alone) / n_msg / 2)
 
 
+def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005) -> list[float]:
+    """Post-to-arrival seconds of a small message that rank 0 posts (``isend``) between two
+    ``after_s`` stretches of compute, as a real run's rank does after producing a tensor; rank 1 waits
+    for it (one host, so both read the same monotonic clock).  Not used by the cost model:
+    the simulator sends a message as soon as its producer ends, whatever its device does next."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(96, 96), torch.randn(96, 96)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        torch.mm(a, b)
+    n_mm = max(1, int(after_s / ((time.perf_counter() - t0) / 50)))
+    stamp = torch.zeros(1, dtype=torch.float64)
+    out = []
+    for _ in range(reps):
+        dist.barrier()
+        if rank == 0:
+            for _ in range(n_mm):
+                torch.mm(a, b)
+            stamp[0] = time.perf_counter()
+            h = dist.isend(stamp, peer)
+            for _ in range(n_mm):
+                torch.mm(a, b)
+            h.wait()
+        else:
+            dist.recv(stamp, peer)
+            out.append(time.perf_counter() - float(stamp.item()))
+    return out
+
+
 def _fit(sizes: Any, t: Any) -> tuple[float, float]:
     """Least-squares ``t = a + b * bytes`` weighted by ``1 / t`` (small messages, where the
     latency shows, count as much as big ones): ``(a, b)``, both kept positive."""
@@ -207,11 +244,13 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
         out = os.path.join(d, "res.json")
         mp.spawn(_pingpong, args=(2, f"file://{d}/rdzv", cores_of, reps, rounds, out, spin), nprocs=2, join=True)
         res = json.loads(Path(out).read_text())
+        busy = json.loads(Path(out + ".busy").read_text())
     sizes = np.array([float(s) for s in res["p2p"]])
     lat, inv_bw = _fit(sizes, np.array(list(res["p2p"].values())))
     big = sizes >= COLL_FIT_MIN
     a, b = _fit(sizes[big], np.array(list(res["allreduce"].values()))[big])
     return {"lat_s": lat, "bw_Bps": 1.0 / inv_bw, "coll_lat_s": a / 2, "coll_bw_Bps": 1.0 / b, "spin_idle": spin, "msg_cpu_s": res["msg_cpu_s"],
+            "busy_sender_mean_s": statistics.fmean(busy), "busy_sender_median_s": statistics.median(busy),
             "copy_cpu_Bps": BIG_MSG / max(res["big_msg_cpu_s"] - res["msg_cpu_s"], 1e-9),
             "p2p_s": res["p2p"], "allreduce_s": res["allreduce"]}
 
@@ -256,6 +295,8 @@ def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
 # host_comm: what a transfer costs each endpoint's core in compute (gloo's sends and receives are
 # CPU copies on the ranks' own cores): both ranks run a matmul loop alone and while exchanging
 # small and 1 MiB messages; slowdown per message and side {link["msg_cpu_s"] * 1e6:.1f} us, bytes at {link["copy_cpu_Bps"] / 1e9:.2f} GB/s.
+# Not modelled: a small message posted by a rank that goes on computing arrives after
+# {link.get("busy_sender_mean_s", float("nan")) * 1e6:.0f} us on average (median {link.get("busy_sender_median_s", float("nan")) * 1e6:.0f} us): gloo's thread waits for the core.
 defaults:
   - device: cpu_host
 _target_: harness.cluster.build_cluster
@@ -291,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     link = gloo_link(a.threads, a.reps, spin=not a.no_spin, rounds=a.rounds)
     print(f"gloo p2p: latency {link['lat_s'] * 1e6:.1f} us, bandwidth {link['bw_Bps'] / 1e9:.2f} GB/s; "
           f"all-reduce (ring fit): latency {link['coll_lat_s'] * 1e6:.1f} us, bandwidth {link['coll_bw_Bps'] / 1e9:.2f} GB/s")
+    print(f"a small message posted by a rank that goes on computing arrives after {link['busy_sender_mean_s'] * 1e6:.0f} us "
+          f"(mean; median {link['busy_sender_median_s'] * 1e6:.0f} us) - not modelled")
     for s, t in link["p2p_s"].items():
         print(f"  {int(s):>10} B  one-way {t * 1e6:9.1f} us   all-reduce {link['allreduce_s'][s] * 1e6:9.1f} us")
     kind = device_name("cpu", a.threads)
