@@ -91,7 +91,7 @@ def _find_cycle(stuck: list[int], ptr: list[int], succ: list[int], alive: set[in
 
 class EdgeListGraph:
     """Adjacency of a graph stored as edge lists ``src``/``dst`` over ``num_nodes`` nodes, as
-    cached CSR (OpGraph, and the schedulers' SchedGraph).  A subclass sets ``_succ`` and
+    cached CSR (OpGraph, LayerGraph, and the schedulers' SchedGraph).  A subclass sets ``_succ`` and
     ``_pred`` to None when it is built."""
 
     src: np.ndarray

@@ -125,7 +125,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
-from harness.graph import csr
+from harness.graph import EdgeListGraph
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -149,7 +149,7 @@ def part(n: int, p: int, i: int) -> Range:
 
 
 @dataclass(eq=False)
-class LayerGraph:
+class LayerGraph(EdgeListGraph):
     """Layer graph: one node per layer (fwd + bwd), iteration domains, tensors on the edges.
 
     See the module docstring for the conventions of ``dims``, ``parallel_dims`` (OptCNN
@@ -270,18 +270,9 @@ class LayerGraph:
     def num_nodes(self) -> int:
         return len(self.names)
 
-    @property
-    def num_edges(self) -> int:
-        return len(self.src)
-
-    def succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Successors as CSR ``(ptr, succ, edge_id)``: v's consumers are ``succ[ptr[v]:ptr[v+1]]``."""
-        if self._succ is None:
-            self._succ = csr(self.num_nodes, self.src, self.dst)
-        return self._succ
-
     def pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Predecessors as CSR ``(ptr, pred, edge_id)``, each node's in-edges in port order."""
+        """Predecessors as CSR ``(ptr, pred, edge_id)``, each node's in-edges in port order
+        (:class:`EdgeListGraph`'s, which keeps edge order, overridden)."""
         if self._pred is None:
             n = self.num_nodes
             order = np.lexsort((self.dst_port, self.dst)).astype(np.int32)
