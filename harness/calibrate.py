@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.profile import cpu_model, device_name, pin_to_cores
+from harness.profile import cpu_model, device_name, pin_to_cores, rank_cores
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,8 +95,6 @@ BIG_MSG = 1 << 20
 
 
 def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps: int, rounds: int, out: str, spin: bool) -> None:
-    import contextlib
-
     import torch
     import torch.distributed as dist
 
@@ -127,7 +125,7 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
                 h.wait()
         return time.perf_counter() - t0
 
-    with IdleSpinners(cores) if spin else contextlib.nullcontext():
+    with IdleSpinners(cores if spin else []):
         # streams of messages, as a real run's follow one another: the mean per message counts
         # the slow ones (a peer that has to be woken) the median would drop; the sizes are
         # visited ``rounds`` times, so that a slow minute of a shared machine spreads over all
@@ -238,8 +236,7 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # each rank on its own cores, as sim=realrun places them: a message between two cores costs
     # a cross-core wake-up that two processes sharing one core would not pay
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    cores_of = [[allowed[(r * threads + t) % len(allowed)] for t in range(threads)] for r in range(2)]
+    cores_of, _ = rank_cores(2, threads)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "res.json")
         mp.spawn(_pingpong, args=(2, f"file://{d}/rdzv", cores_of, reps, rounds, out, spin), nprocs=2, join=True)

@@ -90,6 +90,14 @@ def profile_dir_for(kind: str, root: str | Path | None = None) -> Path:
     return Path(root or PROFILE_ROOT) / slug(kind)
 
 
+def rank_cores(world: int, threads: int) -> tuple[list[list[int]], bool]:
+    """The cores of each of ``world`` ranks of ``threads`` cores, in turn from this process's
+    allowed cores (wrapping), and whether they had to share some (more cores wanted than allowed)."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = [[allowed[(r * threads + t) % len(allowed)] for t in range(threads)] for r in range(world)]
+    return cores, world * threads > len(allowed)
+
+
 def pin_to_cores(n: int, offset: int = 0) -> list[int]:
     """Pin this process to ``n`` of its allowed cores (starting at ``offset``, wrapping)."""
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

@@ -95,6 +95,7 @@ from harness.cluster import Cluster
 from harness.costs import CostModel
 from harness.execgraph import DEVICE, ExecGraph, Ref, TensorMeta, initial_state, is_shape_only, layer_runs, resolve, short_target
 from harness.graph import PARTIAL, REPLICATED, OpGraph
+from harness.profile import rank_cores
 from harness.strategy import Strategy
 from simulators.simulate import SimResult, simulate
 from simulators.taskgraph import _param_home_nodes
@@ -809,13 +810,6 @@ def _layer_channel_split(lg: Any, strategy: Strategy, what: str) -> tuple[tuple[
     return devs, linear, elementwise
 
 
-def _cores(world: int, threads: int) -> tuple[list[list[int]], bool]:
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    need = world * threads
-    cores = [[allowed[(r * threads + t) % len(allowed)] for t in range(threads)] for r in range(world)]
-    return cores, need > len(allowed)
-
-
 class RealRun:
     """``sim=realrun``: simulate (``step_time_s``) and execute for real (``measured_step_time_s``)."""
 
@@ -998,7 +992,7 @@ class RealRun:
     def _job(self, mode: str, eg: ExecGraph, progs: list[RankProgram], world: int, collect: bool, dp: list[int], full_batch: int) -> Job:
         device = self._device()
         backend = self.backend if self.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
-        cores, _ = _cores(world, self.threads)
+        cores, _ = rank_cores(world, self.threads)
         return Job(world, mode, backend, device, self.threads, self.warmup, self.steps, self.seed, self.source, eg, progs, cores,
                    dp, full_batch, collect, self.timeout_s, spin_idle=self.spin_idle and device == "cpu")
 
@@ -1218,7 +1212,6 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
 def run_rank(jobs: Sequence[Job], out_dirs: Sequence[str], rank: int, local_rank: int, init_method: str) -> None:
     """One rank: pin, join the group once, then run each job in turn (they share world size,
     backend, device and threads); a failing job leaves ``rank<r>.error`` in its directory."""
-    import contextlib
     import datetime
 
     import torch.distributed as dist
@@ -1230,9 +1223,8 @@ def run_rank(jobs: Sequence[Job], out_dirs: Sequence[str], rank: int, local_rank
     dist.init_process_group(first.backend, init_method=init_method, rank=rank, world_size=first.world,
                             timeout=datetime.timedelta(seconds=max(j.timeout_s for j in jobs)))
     # the spinners are started after the rendezvous, on this rank's own (already pinned) cores
-    spin = IdleSpinners(os.sched_getaffinity(0)) if first.spin_idle and hasattr(os, "sched_getaffinity") else contextlib.nullcontext()
     try:
-        with spin:
+        with IdleSpinners(os.sched_getaffinity(0) if first.spin_idle and hasattr(os, "sched_getaffinity") else []):
             for job, d in zip(jobs, out_dirs):
                 try:
                     _run_job(job, rank, device, d)
@@ -1328,7 +1320,7 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
     # the span from the first start to the last end also counts the barrier's exit skew
     step = (end - start).max(axis=0)
     span = end.max(axis=0) - start.min(axis=0) if one_host else step
-    _, over = _cores(job.world, job.threads)
+    _, over = rank_cores(job.world, job.threads)
     return Measured(job.mode, job.backend, job.device, job.world, job.threads, job.warmup, job.steps, step, (end - start).mean(axis=1),
                     busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span)
 
