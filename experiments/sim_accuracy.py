@@ -65,13 +65,8 @@ def _cpu2() -> Any:
     return instantiate(compose(["cluster=cpu2"]).cluster, _convert_="all")
 
 
-def _kind() -> str:
-    return _cpu2().devices[0].spec.kind
-
-
-def _comm_summary() -> str:
+def _comm_summary(c: Any) -> str:
     """cpu2's link, collective and host_comm figures, for the README."""
-    c = _cpu2()
     parts = [f"link {c.route_lat[0, 1] * 1e6:.0f} us + bytes / {c.route_bw[0, 1] / 1e9:.2f} GB/s"]
     if c.meta.get("collective"):
         parts.append("all-reduce ring alpha {lat_us} us, beta {bw_GBps} GB/s".format(**c.meta["collective"]))
@@ -253,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out) if a.out else results_dir("sim_accuracy")
     root = Path(a.profile_dir) if a.profile_dir else (CONF.parent / "results" / "profiles" if a.profile_mode == "isolated" and not a.quick
                                                       else out / "profiles")
-    kind = _kind()
+    cpu2 = _cpu2()
+    kind = cpu2.devices[0].spec.kind
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
     if not a.no_profile:
@@ -271,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python -m experiments sim_accuracy" + (" --quick" if a.quick else "") + (f" --profile-mode {a.profile_mode}" if a.profile_mode != "in_situ" else "")
     meta = {"cpu": cpu_model(), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup, "load_before": load_before, "mode": a.profile_mode,
             "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()), "date": _dt.date.today().isoformat(), "command": cmd, "repeats": a.repeats,
-            "comm": _comm_summary()}
+            "comm": _comm_summary(cpu2)}
     write_outputs(df, out, meta)
     ok = df[df["status"] == "ok"]
     if len(ok):
