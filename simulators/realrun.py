@@ -21,8 +21,14 @@ The captured joint forward + backward + SGD-update graph is turned into an
 * **operator placement** (every node on one device): every rank walks the nodes in the
   strategy's order and runs those placed on it; a tensor produced on rank a and read on rank
   b is sent once per (producer, destination rank) - the simulator's cache - with ``isend``
-  right after it is produced and received with an ``irecv`` posted at the producer's
-  position of the walk and waited for just before its first use.  Every rank posts its
+  right after it is produced and received into a fresh buffer with an ``irecv`` posted
+  before the step's barrier (``early_recv``, the default; with ``early_recv: false`` at the
+  producer's position of the walk) and waited for just before its first use.  gloo writes a
+  tensor from the sending thread at once only when the receiver's notice that its receive is
+  posted has already arrived; otherwise the payload leaves from gloo's event-loop thread when
+  that notice comes in, which on a one-core rank that computes on waits for the scheduler
+  (about 1 ms on average here; ``python -m harness.calibrate`` measures both).  Posted late,
+  the list-scheduled placements of the tiny models ran 20-30% slower.  Every rank posts its
   operations in one global order, so the exchange cannot deadlock.  Parameters live on
   their *home* rank (the rank of their update op, else of their first reader, as in the
   simulator); other ranks that read a parameter receive it at the start of the step and the
@@ -70,7 +76,10 @@ Step time (Celeritas Sec. 6): ``warmup`` steps are discarded and the mean of the
 ``steps`` is reported.  Each step starts at a barrier; its time is that of its longest rank,
 from leaving the barrier to the end of its last operation and wait (``measured_span_s``, the
 first start to the last end on one host's clock, also counts the barrier's exit skew).
-``measured_rank_busy_s`` is the time each rank spent inside its ops (host time on a GPU).
+``measured_rank_busy_s`` is the time each rank spent inside its ops (host time on a GPU),
+``measured_rank_send_s`` inside its ``isend`` calls (on gloo the payload is written there)
+and ``measured_rank_wait_s`` waiting for its receives, its all-reduces and, at the end of
+the step, its sends to complete; per step, means over the measured steps.
 """
 
 from __future__ import annotations
@@ -162,6 +171,8 @@ class _Emitter:
         self.pending: dict[str, str] = {}  # local name -> statement to run before its first use (a wait)
         self.standins: set[str] = set()
         self.nodes = self.sends = self.recvs = 0
+        self.posted: list[str] = []  # receives posted before the step's barrier (``post``)
+        self.posted_names: list[str] = []  # the names ``post`` hands to ``step``
 
     def const(self, x: Any) -> str:
         key = id(x)
@@ -210,8 +221,19 @@ class _Emitter:
             self.lines.append(f"    {out} = {fn}({', '.join(args)})")
         self.nodes += 1
 
+    def post_recv(self, stmt: str, *names: str) -> None:
+        """Post a receive in ``post`` (before the step's barrier); ``names`` are what it defines."""
+        self.posted.append(f"    {stmt}")
+        self.posted_names.extend(names)
+
     def source(self, body: list[str], prologue: list[str], epilogue: list[str]) -> str:
-        return "\n".join(["def step(PH, RB, W):", "    _b = 0.0", *prologue, *body, *epilogue])
+        head: list[str] = []
+        unpack: list[str] = []
+        if self.posted:
+            tup = "(" + "".join(f"{n}, " for n in self.posted_names) + ")"
+            head = ["def post(PH, RB):", *self.posted, f"    return {tup}"]
+            unpack = [f"    {tup} = _P"]
+        return "\n".join([*head, "def step(PH, RB, W, _P=()):", "    _b = 0.0", *unpack, *prologue, *body, *epilogue])
 
 
 def _consumers(eg: ExecGraph) -> list[list[tuple[int, bool]]]:
@@ -249,8 +271,15 @@ def _elt_meta(eg: ExecGraph, i: int, elt: int | None) -> Any:
     return out if elt is None else out[elt]
 
 
-def placement_programs(eg: ExecGraph, dev: np.ndarray, order: np.ndarray, world: int, home_node: np.ndarray) -> list[RankProgram]:
-    """Per-rank programs of an operator placement (``dev[i]`` = rank of node i)."""
+def placement_programs(eg: ExecGraph, dev: np.ndarray, order: np.ndarray, world: int, home_node: np.ndarray,
+                       early_recv: bool = True) -> list[RankProgram]:
+    """Per-rank programs of an operator placement (``dev[i]`` = rank of node i).
+
+    ``early_recv``: every receive of the step is posted before its barrier (``post``), else at
+    the producer's position of the walk.  gloo writes a sent tensor from the sending thread only
+    when the receiver's notice that the receive is posted has already arrived; otherwise the
+    payload leaves from gloo's event-loop thread once that notice comes in, which on a busy
+    one-core rank waits for the scheduler to preempt the computing thread (milliseconds)."""
     n = eg.num_nodes
     cons = _consumers(eg)
     walk = sorted(range(n), key=lambda i: (int(order[i]), i))
@@ -280,7 +309,10 @@ def placement_programs(eg: ExecGraph, dev: np.ndarray, order: np.ndarray, world:
             if r == h:
                 continue
             prologue[h].append(f"    _send(ph{j}, {r}, {tag})")
-            prologue[r].append(f"    ph{j} = RB[{j}]; hp{j} = _irecv(ph{j}, {h}, {tag})")
+            if early_recv:
+                em[r].post_recv(f"ph{j} = RB[{j}]; hp{j} = _irecv(ph{j}, {h}, {tag})", f"ph{j}", f"hp{j}")
+            else:
+                prologue[r].append(f"    ph{j} = RB[{j}]; hp{j} = _irecv(ph{j}, {h}, {tag})")
             em[r].pending[f"ph{j}"] = f"hp{j}.wait()"
             ph_name[r][j] = f"ph{j}"
             recv_params[r].append(j)
@@ -350,7 +382,11 @@ def placement_programs(eg: ExecGraph, dev: np.ndarray, order: np.ndarray, world:
                 perm = meta.dense_perm()
                 wire = meta if perm is None else meta.permuted(perm)
                 body[r].append(f"    _send({val}, {rc}, {tag}, {perm!r})")
-                body[rc].append(f"    {nm} = _empty({em[rc].const(wire)}); h{tag} = _irecv({nm}, {r}, {tag})")
+                recv = f"{nm} = _empty({em[rc].const(wire)}); h{tag} = _irecv({nm}, {r}, {tag})"
+                if early_recv:
+                    em[rc].post_recv(recv, nm, f"h{tag}")
+                else:
+                    body[rc].append(f"    {recv}")
                 # permuted back on arrival: the received tensor has the traced strides
                 inv = None if perm is None else tuple(int(x) for x in np.argsort(perm))
                 em[rc].pending[nm] = f"h{tag}.wait()" + ("" if inv is None else f"; {nm} = {nm}.permute({inv!r})")
@@ -828,6 +864,7 @@ class RealRun:
         timeout_s: float = 600.0,
         job_dir: str | None = None,
         spin_idle: bool = True,
+        early_recv: bool = True,
         **params: Any,
     ) -> None:
         if launcher not in ("spawn", "torchrun", "prepare"):
@@ -845,6 +882,7 @@ class RealRun:
         self.timeout_s = float(timeout_s)
         self.job_dir = job_dir
         self.spin_idle = bool(spin_idle)
+        self.early_recv = bool(early_recv)
         self.params = params
         self.source: Any = None
         self.seed = 0
@@ -922,7 +960,7 @@ class RealRun:
             v = int(np.flatnonzero((dev < 0) | (dev >= num_devices))[0])
             raise RealRunError(f"{what}: node {v} ({aten.names[v]}) is on device {int(dev[v])}, outside 0..{num_devices - 1}")
         home = _param_home_nodes(aten)
-        progs = placement_programs(eg, dev, order, num_devices, home)
+        progs = placement_programs(eg, dev, order, num_devices, home, early_recv=self.early_recv)
         return self._job("placement", eg, progs, num_devices, collect, [], int(aten.meta["batch_size"]))
 
     def _resolve_graph(self, graph: OpGraph, gran: str, batch: int, what: str) -> tuple[OpGraph, ExecGraph, np.ndarray | None]:
@@ -977,7 +1015,7 @@ class RealRun:
             chan = channel_plan(eg, g, lg, linear, elementwise, k, f"model {self.source.name!r}")
         prog = dp_program(eg, np.asarray(order), g.batch_role, k, chan)
         progs = []
-        idle = RankProgram(0, "def step(PH, RB, W):\n    return 0.0, {}", [], [], [], 0, 0, 0)
+        idle = RankProgram(0, "def step(PH, RB, W, _P=()):\n    return 0.0, {}", [], [], [], 0, 0, 0)
         for r in range(num_devices):
             p = copy.copy(prog if r in devs else idle)
             p.rank = r
@@ -1069,28 +1107,49 @@ def _setup_rank(job: Job, rank: int, local_rank: int) -> tuple[Any, Any]:
     return torch.device("cpu"), torch
 
 
-def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, k: int, pos: int = 0) -> Any:
-    """This rank's ``step(PH, RB)``; ``pos`` is its position among the k data-parallel ranks
+def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, k: int, pos: int = 0) -> tuple[Any, Any, list[float]]:
+    """This rank's ``post(PH, RB)`` (posts the step's early receives, returns their buffers and
+    handles), ``step(PH, RB, P)`` and the step's ``[send seconds, wait seconds]`` (summed by
+    ``step``, reset by the caller); ``pos`` is its position among the k data-parallel ranks
     (its batch shard and, with channel parallelism, its slice of the features)."""
     import torch
 
     W: list[Any] = []
+    pc = time.perf_counter
+    acc = [0.0, 0.0]  # this step's seconds in sends, and waiting for messages and collectives
+
+    class _Timed:
+        """A communication handle whose ``wait`` counts into the step's wait time."""
+
+        __slots__ = ("h",)
+
+        def __init__(self, h: Any) -> None:
+            self.h = h
+
+        def wait(self) -> None:
+            t = pc()
+            self.h.wait()
+            acc[1] += pc() - t
 
     def _send(t: Any, dst: int, tag: int, perm: Any = None) -> None:
+        t0 = pc()
         if perm is not None:
             t = t.permute(perm)
         c = t if t.is_contiguous() else t.contiguous()
         W.append(dist.isend(c, dst, group=pg, tag=tag))
         W.append(c)
+        acc[0] += pc() - t0
 
     def _irecv(t: Any, src: int, tag: int) -> Any:
-        return dist.irecv(t, src, group=pg, tag=tag)
+        return _Timed(dist.irecv(t, src, group=pg, tag=tag))
 
     def _drain(w: list[Any]) -> None:
+        t0 = pc()
         for x in w:
             if hasattr(x, "wait"):
                 x.wait()
         w.clear()
+        acc[1] += pc() - t0
 
     def _empty(meta: TensorMeta) -> Any:
         return torch.empty(meta.shape, dtype=getattr(torch, meta.dtype), device=device)
@@ -1105,7 +1164,7 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
         return p.clone(memory_format=torch.contiguous_format)
 
     def _allreduce(t: Any) -> Any:
-        return dist.all_reduce(t, group=dp_group, async_op=True)
+        return _Timed(dist.all_reduce(t, group=dp_group, async_op=True))
 
     # channel parallelism: conversions between representations (see ChannelPlan), blocking
     # collectives over the k data-parallel ranks; rows are samples (batch-major), columns features
@@ -1154,7 +1213,8 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
         ns[f"F{i}"] = resolve(t)
     exec(compile(prog.code, f"<realrun rank {prog.rank}>", "exec"), ns)
     step = ns["step"]
-    return lambda PH, RB: step(PH, RB, W)
+    post = ns.get("post", lambda PH, RB: ())
+    return (lambda PH, RB: post(PH, RB)), (lambda PH, RB, P: step(PH, RB, W, P)), acc
 
 
 def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
@@ -1177,19 +1237,24 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
     else:
         PH = initial_state(job.source, job.eg, job.seed, device)
     RB = {j: job.eg.placeholders[j].meta.empty(device) for j in prog.recv_params}
-    step = _compile(prog, device, dist, pg, dp_group, k, pos)
-    starts, ends, busy = [], [], []
+    post, step, acc = _compile(prog, device, dist, pg, dp_group, k, pos)
+    starts, ends, busy, sent, waited = [], [], [], [], []
     outputs: dict[str, Any] | None = None
     for s in range(job.warmup + job.steps):
+        P = post(PH, RB)  # before the barrier: the peers know of every receive when the step starts
+        acc[0] = acc[1] = 0.0
         dist.barrier()
         t0 = time.perf_counter()
-        b, outs = step(PH, RB)
+        b, outs = step(PH, RB, P)
+        del P
         if job.device == "cuda":
             torch.cuda.synchronize()
         t1 = time.perf_counter()
         starts.append(t0)
         ends.append(t1)
         busy.append(b)
+        sent.append(acc[0])
+        waited.append(acc[1])
         if s == 0 and job.collect:
             outputs = {key: (v.detach().cpu().clone() if hasattr(v, "detach") else v) for key, v in outs.items()}
             if dp and "loss" in outs and rank in job.dp_devices:
@@ -1204,7 +1269,7 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
                     outputs[key] = torch.cat(parts, 0).cpu()
         del outs
     dist.barrier()
-    rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
+    rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "send": sent, "wait": waited, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
            "threads": torch.get_num_threads(), "outputs": outputs, "nodes": prog.nodes, "sends": prog.sends, "recvs": prog.recvs}
     torch.save(rec, os.path.join(out_dir, f"rank{rank}.pt"))
 
@@ -1258,6 +1323,8 @@ class Measured:
     launcher: str
     records: list[dict[str, Any]]
     span_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [steps] first start to last end (one host)
+    rank_send_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean per step in send calls
+    rank_wait_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean per step waiting for messages / collectives
 
     @property
     def step_time_s(self) -> float:
@@ -1281,6 +1348,8 @@ class Measured:
             "measured_warmup": self.warmup,
             "measured_rank_step_s": self.rank_step_s.tolist(),
             "measured_rank_busy_s": self.rank_busy_s.tolist(),
+            "measured_rank_send_s": self.rank_send_s.tolist(),
+            "measured_rank_wait_s": self.rank_wait_s.tolist(),
             "realrun": {
                 "mode": self.mode, "backend": self.backend, "device": self.device, "world_size": self.world,
                 "threads_per_rank": self.threads, "cores": self.cores, "oversubscribed": self.oversubscribed,
@@ -1321,8 +1390,10 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
     step = (end - start).max(axis=0)
     span = end.max(axis=0) - start.min(axis=0) if one_host else step
     _, over = rank_cores(job.world, job.threads)
+    per_rank = [np.array([r[key] for r in recs])[:, job.warmup:].mean(axis=1) for key in ("send", "wait")]
     return Measured(job.mode, job.backend, job.device, job.world, job.threads, job.warmup, job.steps, step, (end - start).mean(axis=1),
-                    busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span)
+                    busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span,
+                    *per_rank)
 
 
 def launch_many(jobs: Sequence[Job], launcher: str = "spawn", job_dir: str | None = None) -> list[Measured]:

@@ -127,8 +127,20 @@ def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
                 dp = job.mode in ("data_parallel", "channel_parallel")
                 cases[(m, a)] = {"src": src, "mode": job.mode, "k": len(job.dp_devices) if dp else 1, "gran": gran,
                                  "sends": sum(p.sends for p in job.programs), **_channel_info(job, plan.graph, plan.strategy)}
+                if job.mode == "placement":
+                    cases[(m, a)]["code"] = [p.code for p in job.programs]
                 jobs.append(job)
                 keys.append((m, a))
+        # receives posted at the producer's position of the walk instead of before the step
+        src, cluster, costs, algo, sim, cfg = _setup(m, "round_robin", ["sim.early_recv=false", "sim.warmup=1", "sim.steps=1"])
+        g = src.op_graph(granularity="aten", optimizer="sgd", batch_probe=True, keep_fx=True)
+        sim.bind(src, 0, {"granularity": "aten", "optimizer": "sgd", "batch_probe": True})
+        plan = algo.plan(g, cluster, costs)
+        job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices, collect=True)
+        cases[(m, "round_robin@late_recv")] = {"src": src, "mode": job.mode, "k": 1, "gran": "aten", "sends": sum(p.sends for p in job.programs),
+                                               "code": [p.code for p in job.programs]}
+        jobs.append(job)
+        keys.append((m, "round_robin@late_recv"))
         # a layer-graph (OptCNN-space) strategy: data parallelism on every layer
         src, cluster, costs, _, sim, cfg = _setup(m, "data_parallel", ["algo.graph=layer", "sim.warmup=1", "sim.steps=1"])
         lg = src.layer_graph()
@@ -213,14 +225,14 @@ def _check(case: Any, model: str, algo: str) -> None:
     assert case["measured"].step_time_s > 0
 
 
-@pytest.mark.parametrize("algo", ALGOS + ["round_robin@layer", "data_parallel@layergraph"])
+@pytest.mark.parametrize("algo", ALGOS + ["round_robin@layer", "data_parallel@layergraph", "round_robin@late_recv"])
 @pytest.mark.parametrize("model", FAST)
 def test_distributed_step_equals_single_process(fast_cases, model, algo):
     _check(fast_cases[(model, algo)], model, algo)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ALGOS + ["round_robin@layer", "data_parallel@layergraph"])
+@pytest.mark.parametrize("algo", ALGOS + ["round_robin@layer", "data_parallel@layergraph", "round_robin@late_recv"])
 @pytest.mark.parametrize("model", SLOW)
 def test_distributed_step_equals_single_process_slow(slow_cases, model, algo):
     _check(slow_cases[(model, algo)], model, algo)
@@ -256,6 +268,16 @@ def test_placements_really_exchange_tensors(fast_cases):
     m = c["measured"]
     assert m.world == 2 and m.cores == [[0], [1]] or m.oversubscribed
     assert len(m.step_s) == 1 and all(b > 0 for b in m.rank_busy_s)
+    # each rank sends, and waits for what it receives; busy, send and wait time fit in the step
+    assert all(s > 0 for s in m.rank_send_s) and all(w >= 0 for w in m.rank_wait_s)
+    assert all(b + s + w <= t * 1.001 for b, s, w, t in zip(m.rank_busy_s, m.rank_send_s, m.rank_wait_s, m.rank_step_s))
+    # every receive is posted before the step's barrier (post), none inside the step ...
+    for code in c["code"]:
+        post, step = code.split("def step(")
+        assert post.startswith("def post(PH, RB):") and "_irecv(" in post and "_irecv(" not in step
+    # ... unless sim.early_recv=false: then at the producer's position of the walk
+    late = fast_cases[("lenet5", "round_robin@late_recv")]
+    assert late["sends"] == c["sends"] and all("def post(" not in code and "_irecv(" in code for code in late["code"])
     dp = fast_cases[("lenet5", "data_parallel")]
     assert dp["mode"] == "data_parallel" and dp["k"] == 2
 
