@@ -10,8 +10,9 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   plus bytes written per second (the roofline's ``work_bytes`` counts both): ``mem_bw_GBps``;
 * the gloo link: two processes pinned to their own cores (with the idle spinners of
   ``sim=realrun`` on them, :class:`~harness.profile.IdleSpinners`) ping-pong tensors of growing
-  size with ``send``/``recv`` on loopback, a stream of round trips per size without barriers
-  in between, as a real run's messages follow one another; the *mean* half round trip per
+  size with ``isend``/``irecv`` on loopback, a stream of round trips per size without barriers
+  in between, as a real run's messages follow one another, every receive posted before the
+  stream starts, as ``sim=realrun`` posts a step's receives; the *mean* half round trip per
   size (a slow wake-up of the peer is part of what a step pays), then a least-squares fit of
   ``t = lat + bytes / bw``: ``lat_us`` and ``bw_GBps`` of cpu2's links;
 * the collective: a stream of two-rank asynchronous gloo all-reduces per size (issued back to
@@ -22,8 +23,9 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   a ring of two sends.  The sizes are visited ``--rounds`` times, and each figure is the mean
   over the rounds, so that a slow spell of a shared machine spreads over all sizes;
 * (reported, not modelled) how late a small message arrives when its sender goes on
-  computing after posting it, as a real run's ranks do: gloo's sending thread must wait
-  for the core;
+  computing after posting it, as a real run's ranks do, with the receive posted before the
+  round (as ``sim=realrun`` does) and after it (``early_recv: false``: gloo's event-loop thread
+  then sends the payload, once it gets the core);
 * what a message costs the endpoints' cores: both ranks run a matmul loop alone and while
   exchanging small and 1 MiB messages (``isend`` / ``irecv``, as a real run's transfers); the
   slowdown per message and side, and per byte: cpu2's ``host_comm: {per_message_us,
@@ -110,16 +112,19 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
     coll: dict[int, list[float]] = {s: [] for s in SIZES}
 
     def stream(n: int, t: Any, what: str) -> float:
+        # a real run posts a step's receives before its barrier (sim.early_recv), so that gloo
+        # sends every tensor from the producing thread at once: so do these ping-pongs
+        hs = [dist.irecv(t, peer, tag=j) for j in range(n)] if what == "p2p" else []
         dist.barrier()
         t0 = time.perf_counter()
         if what == "p2p":
-            for _ in range(n):
+            for j in range(n):
                 if rank == 0:
-                    dist.send(t, peer)
-                    dist.recv(t, peer)
+                    dist.isend(t, peer, tag=j).wait()
+                    hs[j].wait()
                 else:
-                    dist.recv(t, peer)
-                    dist.send(t, peer)
+                    hs[j].wait()
+                    dist.isend(t, peer, tag=j).wait()
         else:  # asynchronous all-reduces issued back to back, then waited for (a data-parallel backward pass)
             for h in [dist.all_reduce(t, async_op=True) for _ in range(n)]:
                 h.wait()
@@ -139,7 +144,7 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
                 coll[size].append(stream(r, t, "allreduce") / r)
         msg_cpu = [_message_cpu(rank, peer, n_msg=64, reps=5) for _ in range(rounds)]
         big_cpu = [_message_cpu(rank, peer, n_msg=32, reps=5, numel=BIG_MSG // 4) for _ in range(rounds)]
-        busy = _busy_sender(rank, peer, reps=20 * rounds)
+        busy = {"late": _busy_sender(rank, peer, reps=20 * rounds, early=False), "early": _busy_sender(rank, peer, reps=20 * rounds)}
     if rank == 0:
         Path(out).write_text(json.dumps({"p2p": {s: statistics.fmean(v) for s, v in p2p.items()},
                                          "allreduce": {s: statistics.fmean(v) for s, v in coll.items()},
@@ -181,11 +186,13 @@ def _message_cpu(rank: int, peer: int, n_msg: int, reps: int, numel: int = 64) -
     return max(0.0, (talking - alone) / n_msg / 2)
 
 
-def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005) -> list[float]:
+def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005, early: bool = True) -> list[float]:
     """Post-to-arrival seconds of a small message that rank 0 posts (``isend``) between two
     ``after_s`` stretches of compute, as a real run's rank does after producing a tensor; rank 1 waits
-    for it (one host, so both read the same monotonic clock).  Not used by the cost model:
-    the simulator sends a message as soon as its producer ends, whatever its device does next."""
+    for it (one host, so both read the same monotonic clock).  ``early``: rank 1 posts its
+    receive before the barrier that starts the round, as ``sim=realrun`` does (``early_recv``);
+    else after it, so that its notice reaches rank 0 while rank 0 computes, and gloo sends the
+    payload from its event-loop thread once that thread gets the core.  Reported, not modelled."""
     import torch
     import torch.distributed as dist
 
@@ -197,6 +204,7 @@ def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005) -> lis
     stamp = torch.zeros(1, dtype=torch.float64)
     out = []
     for _ in range(reps):
+        h = dist.irecv(stamp, peer) if rank == 1 and early else None
         dist.barrier()
         if rank == 0:
             for _ in range(n_mm):
@@ -207,7 +215,7 @@ def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005) -> lis
                 torch.mm(a, b)
             h.wait()
         else:
-            dist.recv(stamp, peer)
+            (h if h is not None else dist.irecv(stamp, peer)).wait()
             out.append(time.perf_counter() - float(stamp.item()))
     return out
 
@@ -247,7 +255,8 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
     big = sizes >= COLL_FIT_MIN
     a, b = _fit(sizes[big], np.array(list(res["allreduce"].values()))[big])
     return {"lat_s": lat, "bw_Bps": 1.0 / inv_bw, "coll_lat_s": a / 2, "coll_bw_Bps": 1.0 / b, "spin_idle": spin, "msg_cpu_s": res["msg_cpu_s"],
-            "busy_sender_mean_s": statistics.fmean(busy), "busy_sender_median_s": statistics.median(busy),
+            "busy_sender_mean_s": statistics.fmean(busy["early"]), "busy_sender_median_s": statistics.median(busy["early"]),
+            "busy_sender_late_mean_s": statistics.fmean(busy["late"]), "busy_sender_late_median_s": statistics.median(busy["late"]),
             "copy_cpu_Bps": BIG_MSG / max(res["big_msg_cpu_s"] - res["msg_cpu_s"], 1e-9),
             "p2p_s": res["p2p"], "allreduce_s": res["allreduce"]}
 
@@ -284,7 +293,7 @@ def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
 # gloo over loopback. Device figures: conf/cluster/device/cpu_host.yaml.
 # Measured by `python -m harness.calibrate --threads {threads} --write` on {when}, {spin} idle spinners
 # on the ranks' cores (as sim=realrun runs): two pinned processes, streams of messages (mean per message).
-# Link: gloo send/recv, half a ping-pong round trip per size, least-squares alpha-beta fit:
+# Link: gloo isend/irecv (receives posted first), half a ping-pong round trip per size, least-squares alpha-beta fit:
 # latency {lat * 1e6:.1f} us, bandwidth {bw / 1e9:.2f} GB/s.
 # collective: gloo all-reduce of 2 ranks ({ar}), fitted to the ring formula
 # 2(p-1) lat + 2(p-1)/p bytes / bw: lat {clat * 1e6:.1f} us, bw {cbw / 1e9:.2f} GB/s (the cost model uses it
@@ -293,7 +302,8 @@ def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
 # CPU copies on the ranks' own cores): both ranks run a matmul loop alone and while exchanging
 # small and 1 MiB messages; slowdown per message and side {link["msg_cpu_s"] * 1e6:.1f} us, bytes at {link["copy_cpu_Bps"] / 1e9:.2f} GB/s.
 # Not modelled: a small message posted by a rank that goes on computing arrives after
-# {link.get("busy_sender_mean_s", float("nan")) * 1e6:.0f} us on average (median {link.get("busy_sender_median_s", float("nan")) * 1e6:.0f} us): gloo's thread waits for the core.
+# {link.get("busy_sender_mean_s", float("nan")) * 1e6:.0f} us on average (median {link.get("busy_sender_median_s", float("nan")) * 1e6:.0f} us) with its receive posted before the step, as
+# sim=realrun does; {link.get("busy_sender_late_mean_s", float("nan")) * 1e6:.0f} us (median {link.get("busy_sender_late_median_s", float("nan")) * 1e6:.0f} us) posted later (sim.early_recv=false).
 defaults:
   - device: cpu_host
 _target_: harness.cluster.build_cluster
@@ -330,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gloo p2p: latency {link['lat_s'] * 1e6:.1f} us, bandwidth {link['bw_Bps'] / 1e9:.2f} GB/s; "
           f"all-reduce (ring fit): latency {link['coll_lat_s'] * 1e6:.1f} us, bandwidth {link['coll_bw_Bps'] / 1e9:.2f} GB/s")
     print(f"a small message posted by a rank that goes on computing arrives after {link['busy_sender_mean_s'] * 1e6:.0f} us "
-          f"(mean; median {link['busy_sender_median_s'] * 1e6:.0f} us) - not modelled")
+          f"(mean; median {link['busy_sender_median_s'] * 1e6:.0f} us) when the receive was posted before the step, as "
+          f"sim=realrun does; {link['busy_sender_late_mean_s'] * 1e6:.0f} us (median {link['busy_sender_late_median_s'] * 1e6:.0f} us) "
+          "when it was posted while the sender computes")
     for s, t in link["p2p_s"].items():
         print(f"  {int(s):>10} B  one-way {t * 1e6:9.1f} us   all-reduce {link['allreduce_s'][s] * 1e6:9.1f} us")
     kind = device_name("cpu", a.threads)
