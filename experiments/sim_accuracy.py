@@ -10,9 +10,13 @@ algorithm whose plan can run for real (operator placements and data parallelism 
 captured graph), ``python -m harness cluster=cpu2 costs=profiled sim=realrun`` is run: the
 event simulator gives the simulated step time, the two pinned gloo ranks the measured one
 (5 warm-up steps, mean of the next 50).  A shared machine drifts by tens of percent between
-minutes, so every model is profiled ``--repeats`` times (the median per op) and every case
-is run ``--repeats`` times in rounds over all cases (the median run; the runs and their
-spread are reported).  Reported per case: both times, the relative error (simulated / measured - 1), and
+minutes, so the experiment runs ``--repeats`` rounds; in each, every model is profiled and
+its cases are planned, simulated and run right after, with that round's profile, so that a
+fast or slow spell falls on both sides of the round's error (profiled all first, one
+model's three profiles once all came out 26% faster than every one of its later runs).  A
+case reports the round with the median error, with every round's measured time and error
+and their spread; the profiles kept under ``<out>/profiles`` are the rounds' medians, op by
+op.  Reported per case: both times, the relative error (simulated / measured - 1), and
 the same for the analytical roofline (costs=analytical on the same plan) for comparison;
 overall the mean absolute error.  Goal: |error| <= 10% per case, mean <= 5%.
 
@@ -75,40 +79,34 @@ def _comm_summary(c: Any) -> str:
     return "; ".join(parts)
 
 
-def profile_models(models: list[str], overrides: dict[str, list[str]], profile_root: Path, kind: str, reps: int, warmup: int,
-                   mode: str = "isolated", repeats: int = 1) -> None:
-    """Profile each model at B and B/2 on this CPU at one thread, filed under cpu2's device kind.
+def profile_model_once(src: Any, profile_root: Path, kind: str, reps: int, warmup: int, mode: str, scratch: Path) -> pd.DataFrame:
+    """Profile one model at B and B/2 on this CPU at one thread, file it under cpu2's device
+    kind in ``profile_root`` and return it."""
+    from harness.profile import profile_dir_for, profile_model, write_profile
 
-    With ``repeats`` > 1 each model is profiled that many times, in rounds over the models (so
-    that a slow spell of a shared machine does not fall on one model), and every time column
-    is the median over the repeats, node by node."""
-    import tempfile
+    B = int(src.batch_size)
+    files = profile_model(src, device="cpu", batch_sizes=sorted({max(1, B // 2), B}), threads=1, warmup=warmup, reps=reps,
+                          out_dir=scratch, name=kind, progress=False, mode=mode)
+    df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    write_profile(df, profile_dir_for(kind, profile_root))
+    return df
 
-    import pandas as pd
 
-    from harness.profile import device_name, profile_dir_for, profile_model, write_profile
-    from harness.run import build
+def median_profile(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Profiles of one model taken several times: every time column is the median over them, node by node."""
+    df = frames[0].copy()
+    for col in ("time_s", "time_mean_s", "time_min_s"):
+        df[col] = np.median(np.stack([f[col].to_numpy() for f in frames]), axis=0)
+    return df
+
+
+def _check_kind(kind: str) -> None:
+    from harness.profile import device_name
 
     here = device_name("cpu", 1)
     if here != kind:
         warnings.warn(f"this CPU profiles as {here!r} but cpu2's device kind is {kind!r}: run `python -m harness.calibrate --write` "
-                      "on this machine first; the profiles are filed under cpu2's kind anyway", stacklevel=2)
-    srcs = {m: build(compose(overrides[m]))[0] for m in models}
-    runs: dict[str, list[pd.DataFrame]] = {m: [] for m in models}
-    with tempfile.TemporaryDirectory() as tmp, tqdm(total=len(models) * repeats, desc="profiling", unit="profile") as bar:
-        for k in range(repeats):
-            for m in models:
-                B = int(srcs[m].batch_size)
-                files = profile_model(srcs[m], device="cpu", batch_sizes=sorted({max(1, B // 2), B}), threads=1, warmup=warmup, reps=reps,
-                                      out_dir=Path(tmp) / f"{m}-{k}", name=kind, progress=False, mode=mode)
-                runs[m].append(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
-                bar.update()
-    times = ["time_s", "time_mean_s", "time_min_s"]
-    for m, frames in runs.items():
-        df = frames[0].copy()
-        for col in times:
-            df[col] = np.median(np.stack([f[col].to_numpy() for f in frames]), axis=0)
-        write_profile(df, profile_dir_for(kind, profile_root))
+                      "on this machine first; the profiles are filed under cpu2's kind anyway", stacklevel=3)
 
 
 def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, steps: int, warmup: int) -> dict[str, Any]:
@@ -141,17 +139,20 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
 
 
 def combine_runs(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One case measured several times: the median of the runs' measured step times (the
-    error against it), the runs themselves and their spread ((max - min) / median)."""
+    """One case run in several rounds, each with its own profile (simulated) and real run
+    (measured): the round whose error is the median of the rounds' errors is reported (its
+    simulated and measured times, so that the row is one consistent pair), with the rounds'
+    measured times, their errors and their spread ((max - min) / median measured)."""
     if rows[0]["status"] != "ok":
         return rows[0]
-    meas = np.array([r["measured_s"] for r in rows])
-    med = float(np.median(meas))
-    k = int(np.argsort(meas)[len(meas) // 2])
-    row = dict(rows[k])
-    row.update(measured_s=med, error=row["simulated_s"] / med - 1.0, analytical_error=row["analytical_s"] / med - 1.0,
-               runs=len(rows), measured_runs_ms=" ".join(f"{x * 1e3:.2f}" for x in meas),
-               run_spread=float((meas.max() - meas.min()) / med))
+    ok = [r for r in rows if r["status"] == "ok"]
+    meas = np.array([r["measured_s"] for r in ok])
+    err = np.array([r["simulated_s"] / r["measured_s"] - 1.0 for r in ok])
+    k = int(np.argsort(err, kind="stable")[(len(err) - 1) // 2])
+    row = dict(ok[k])
+    row.update(error=float(err[k]), analytical_error=row["analytical_s"] / row["measured_s"] - 1.0, runs=len(ok),
+               measured_runs_ms=" ".join(f"{x * 1e3:.2f}" for x in meas), run_errors=" ".join(f"{e * 100:+.1f}%" for e in err),
+               run_spread=float((meas.max() - meas.min()) / np.median(meas)))
     return row
 
 
@@ -188,20 +189,21 @@ def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         "Regenerate: `" + meta["command"] + "`",
         "",
         f"Two CPU devices of one core each ({meta['cpu']}, torch {meta['torch']}), gloo over loopback; costs=profiled from a",
-        f"profile of the same CPU at one thread ({meta['mode']} op timing, median of {meta['repeats']} profiles); measured = mean of {meta['steps']} steps "
-        f"after {meta['warmup']} warm-up steps, the median of {meta['repeats']} runs taken in rounds over all cases",
-        f"(sim=realrun, idle spinners on the ranks' cores). Load average before / after: {meta['load_before']} / {meta['load_after']} ({meta['date']}).",
+        f"profile of the same CPU at one thread ({meta['mode']} op timing); measured = mean of {meta['steps']} steps after {meta['warmup']} warm-up steps",
+        f"(sim=realrun, idle spinners on the ranks' cores). {meta['repeats']} rounds: in each, every model is profiled and its cases planned, simulated",
+        "and run right after with that profile; a row is the round with the median error (its own measured and simulated times).",
+        f"Load average before / after: {meta['load_before']} / {meta['load_after']} ({meta['date']}).",
         f"cpu2's communication figures (`python -m harness.calibrate --write`): {meta.get('comm', 'n/a')}.",
         "Error = simulated / measured - 1, in the style of OptCNN Table 4 and Celeritas Table 5.",
         "",
-        "Spread = (slowest - fastest run) / median: how far this machine moves between runs of the same case.",
+        "Spread = (slowest - fastest measured run) / median: how far this machine moves between runs of the same case.",
         "",
-        "| model | strategy | mode | measured (ms) | runs (ms) | spread | simulated (ms) | error | analytical (ms) | error | fallback ops |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | strategy | mode | measured (ms) | runs (ms) | spread | simulated (ms) | error | errors of the runs | analytical (ms) | error | fallback ops |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for _, r in ok.iterrows():
         lines.append(f"| {r['model']} | {r['algo']} | {r['mode']} | {fmt(r['measured_s'])} | {r['measured_runs_ms']} | {r['run_spread'] * 100:.0f}% | {fmt(r['simulated_s'])} | "
-                     f"{pct(r['error'])} | {fmt(r['analytical_s'])} | {pct(r['analytical_error'])} | {int(r['fallback_nodes'])} |")
+                     f"{pct(r['error'])} | {r['run_errors']} | {fmt(r['analytical_s'])} | {pct(r['analytical_error'])} | {int(r['fallback_nodes'])} |")
     if len(ok):
         mae, worst = float(ok["error"].abs().mean()), float(ok["error"].abs().max())
         within = int((ok["error"].abs() <= 0.10).sum())
@@ -252,15 +254,34 @@ def main(argv: list[str] | None = None) -> int:
     kind = cpu2.devices[0].spec.kind
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
+    import tempfile
+
+    from harness.profile import profile_dir_for, write_profile
+    from harness.run import build
+
     if not a.no_profile:
-        profile_models(models, overrides, root, kind, a.reps, 1 if a.quick else 3, a.profile_mode, repeats=a.repeats)
+        _check_kind(kind)
+    srcs = {m: build(compose(overrides[m]))[0] for m in models}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {(m, algo): [] for m in models for algo in algos}
-    with tqdm(total=a.repeats * len(runs), desc="real runs", unit="case") as bar:
-        for _ in range(a.repeats):  # rounds over all cases: a slow spell of the machine spreads over them
-            for m, algo in runs:
-                if not runs[(m, algo)] or runs[(m, algo)][0]["status"] == "ok":
-                    runs[(m, algo)].append(run_case(m, overrides[m], algo, root, a.steps, a.warmup))
-                bar.update()
+    profiles: dict[str, list[pd.DataFrame]] = {m: [] for m in models}
+    steps = a.repeats * len(models) * (len(algos) + (0 if a.no_profile else 1))
+    with tempfile.TemporaryDirectory() as tmp, tqdm(total=steps, desc="profiles and real runs", unit="job") as bar:
+        # rounds: each model is profiled and its cases run right after, with that profile, so
+        # that a slow or fast spell of a shared machine falls on both sides of a round's error
+        for k in range(a.repeats):
+            for m in models:
+                rroot = root if a.no_profile else Path(tmp) / f"round{k}"
+                if not a.no_profile:
+                    profiles[m].append(profile_model_once(srcs[m], rroot, kind, a.reps, 1 if a.quick else 3, a.profile_mode,
+                                                          Path(tmp) / f"{m}-{k}"))
+                    bar.update()
+                for algo in algos:
+                    if not runs[(m, algo)] or runs[(m, algo)][0]["status"] == "ok":
+                        runs[(m, algo)].append(run_case(m, overrides[m], algo, rroot, a.steps, a.warmup))
+                    bar.update()
+    for m, frames in profiles.items():  # the committed profiles: the median of the rounds', node by node
+        if frames:
+            write_profile(median_profile(frames), profile_dir_for(kind, root))
     df = pd.DataFrame([combine_runs(rs) for rs in runs.values()])
     from harness.profile import cpu_model
 

@@ -22,12 +22,21 @@ def test_quick_run_writes_table_figure_and_readme(tmp_path):
     assert list((tmp_path / "profiles").glob("*/lenet5_aten_*.parquet"))
 
 
-def test_repeated_runs_report_the_median_run_and_the_spread():
-    base = {"model": "m", "algo": "a", "status": "ok", "simulated_s": 0.030, "analytical_s": 0.020}
-    rows = [{**base, "measured_s": t, "measured_std_s": t / 10} for t in (0.040, 0.020, 0.025)]
+def test_repeated_runs_report_the_round_with_the_median_error():
+    base = {"model": "m", "algo": "a", "status": "ok", "analytical_s": 0.020}
+    rounds = [(0.030, 0.040), (0.024, 0.020), (0.035, 0.025)]  # (simulated, measured): errors -25%, +20%, +40%
+    rows = [{**base, "simulated_s": sim, "measured_s": t, "measured_std_s": t / 10} for sim, t in rounds]
     r = sim_accuracy.combine_runs(rows)
-    assert r["measured_s"] == 0.025 and r["measured_std_s"] == 0.0025  # the median run's own figures
-    assert r["error"] == pytest.approx(0.030 / 0.025 - 1) and r["analytical_error"] == pytest.approx(0.020 / 0.025 - 1)
+    # the median error is +20%, the second round's: its own simulated and measured times
+    assert r["simulated_s"] == 0.024 and r["measured_s"] == 0.020 and r["measured_std_s"] == 0.002
+    assert r["error"] == pytest.approx(0.2) and r["analytical_error"] == pytest.approx(0.0)
     assert r["runs"] == 3 and r["measured_runs_ms"] == "40.00 20.00 25.00" and r["run_spread"] == pytest.approx(0.8)
+    assert r["run_errors"] == "-25.0% +20.0% +40.0%"
     refused = {"model": "m", "algo": "fddps", "status": "refused", "note": "rewritten graph"}
     assert sim_accuracy.combine_runs([refused]) == refused
+
+
+def test_median_profile_takes_the_median_per_op():
+    frames = [pd.DataFrame({"sig": ["x", "y"], "time_s": [t, 2 * t], "time_mean_s": [t, t], "time_min_s": [t, t]}) for t in (1.0, 3.0, 2.0)]
+    m = sim_accuracy.median_profile(frames)
+    assert m["time_s"].tolist() == [2.0, 4.0] and m["sig"].tolist() == ["x", "y"]
