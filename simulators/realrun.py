@@ -1396,6 +1396,25 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
                     *per_rank)
 
 
+def _unguarded_script_hint() -> str:
+    """Why ranks that died before starting may have died: ``spawn`` re-runs the caller's script
+    in every rank, and a script that calls ``harness.run`` at its top level starts ranks again
+    there, which multiprocessing refuses during a child's start-up."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(main, "__spec__", None) is not None:
+        return ""  # python -m ... or an interactive session: nothing is re-run
+    try:
+        guarded = "__main__" in Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    if guarded:
+        return ""
+    return (f"\nThe ranks are started with spawn, which runs the script {path} again in every rank; it has no "
+            "`if __name__ == \"__main__\":` guard, so each rank tried to start ranks of its own. Put the call under "
+            "that guard, or use sim.launcher=torchrun.")
+
+
 def launch_many(jobs: Sequence[Job], launcher: str = "spawn", job_dir: str | None = None) -> list[Measured]:
     """Run jobs one after the other on one set of local ranks (``spawn``: torch.multiprocessing,
     one process start for all of them; ``torchrun``: ``python -m torch.distributed.run
@@ -1423,7 +1442,7 @@ def launch_many(jobs: Sequence[Job], launcher: str = "spawn", job_dir: str | Non
                                    join=True, start_method="spawn")
             except Exception as e:  # noqa: BLE001 - report the rank's own traceback
                 errs = sorted(p for d in dirs for p in d.glob("rank*.error"))
-                detail = errs[0].read_text()[-4000:] if errs else str(e)
+                detail = errs[0].read_text()[-4000:] if errs else str(e) + _unguarded_script_hint()
                 raise RealRunError(f"real run ({j0.world} ranks) failed:\n{detail}") from e
         elif launcher == "torchrun":
             for d, j in zip(dirs, jobs):

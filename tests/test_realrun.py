@@ -399,6 +399,21 @@ def test_cli_adds_the_measured_step_time(tmp_path):
     assert "measured step" in r.stdout
 
 
+def test_a_script_without_a_main_guard_is_told_why_its_ranks_died(tmp_path):
+    """spawn runs the caller's script again in every rank: one without a main guard makes each
+    rank start ranks of its own, which fails; the error says so instead of only an exit code."""
+    script = tmp_path / "noguard.py"
+    script.write_text(
+        "from experiments.common import compose\n"
+        "from harness.run import run\n"
+        f"run(compose({[*MODELS['lenet5'][0], 'algo=single_device', 'cluster=cpu2', 'sim=realrun', 'sim.warmup=0', 'sim.steps=1', 'output.gantt=false']!r}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert f"runs the script {script} again in every rank" in r.stderr and 'if __name__ == "__main__":' in r.stderr
+
+
 @pytest.mark.slow
 def test_torchrun_launcher(tmp_path):
     src, cluster, costs, algo, sim, cfg = _setup("lenet5", "round_robin", ["sim.launcher=torchrun", "sim.warmup=1", "sim.steps=2"])
