@@ -22,8 +22,10 @@ The captured joint forward + backward + SGD-update graph is turned into an
   strategy's order and runs those placed on it; a tensor produced on rank a and read on rank
   b is sent once per (producer, destination rank) - the simulator's cache - with ``isend``
   right after it is produced and received into a fresh buffer with an ``irecv`` posted
-  before the step's barrier (``early_recv``, the default; with ``early_recv: false`` at the
-  producer's position of the walk) and waited for just before its first use.  gloo writes a
+  before the step's barrier (``early_recv``, the default, on gloo; on NCCL, or with
+  ``early_recv: false``, at the producer's position of the walk - NCCL runs the operations
+  with one peer in order on one stream, where a receive posted up front would hold back the
+  sends it depends on) and waited for just before its first use.  gloo writes a
   tensor from the sending thread at once only when the receiver's notice that its receive is
   posted has already arrived; otherwise the payload leaves from gloo's event-loop thread when
   that notice comes in, which on a one-core rank that computes on waits for the scheduler
@@ -960,7 +962,10 @@ class RealRun:
             v = int(np.flatnonzero((dev < 0) | (dev >= num_devices))[0])
             raise RealRunError(f"{what}: node {v} ({aten.names[v]}) is on device {int(dev[v])}, outside 0..{num_devices - 1}")
         home = _param_home_nodes(aten)
-        progs = placement_programs(eg, dev, order, num_devices, home, early_recv=self.early_recv)
+        # NCCL runs a rank's sends and receives to one peer in order on one stream, and a posted
+        # receive holds that stream until its data comes: posted up front, it would block the
+        # sends its own data depends on.  gloo matches by tag and sends from the caller's thread.
+        progs = placement_programs(eg, dev, order, num_devices, home, early_recv=self.early_recv and self._backend() == "gloo")
         return self._job("placement", eg, progs, num_devices, collect, [], int(aten.meta["batch_size"]))
 
     def _resolve_graph(self, graph: OpGraph, gran: str, batch: int, what: str) -> tuple[OpGraph, ExecGraph, np.ndarray | None]:
@@ -1027,9 +1032,12 @@ class RealRun:
         job.gather = [f"{kind}{j}" for j in sorted(chan.param_rows) for kind in ("grad", "new")]
         return job
 
+    def _backend(self) -> str:
+        return self.backend if self.backend != "auto" else ("nccl" if self._device() == "cuda" else "gloo")
+
     def _job(self, mode: str, eg: ExecGraph, progs: list[RankProgram], world: int, collect: bool, dp: list[int], full_batch: int) -> Job:
         device = self._device()
-        backend = self.backend if self.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+        backend = self._backend()
         cores, _ = rank_cores(world, self.threads)
         return Job(world, mode, backend, device, self.threads, self.warmup, self.steps, self.seed, self.source, eg, progs, cores,
                    dp, full_batch, collect, self.timeout_s, spin_idle=self.spin_idle and device == "cpu")

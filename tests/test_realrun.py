@@ -399,6 +399,19 @@ def test_cli_adds_the_measured_step_time(tmp_path):
     assert "measured step" in r.stdout
 
 
+def test_receives_are_posted_early_on_gloo_only():
+    """On NCCL a receive posted up front would hold its peer stream (and the sends queued behind
+    it): there every receive stays at the producer's position of the walk."""
+    src, cluster, costs, algo, sim, cfg = _setup("lenet5", "round_robin")
+    g = src.op_graph(keep_fx=True)
+    sim.bind(src, 0, {"granularity": "aten"})
+    plan = algo.plan(g, cluster, costs)
+    for backend, early in (("gloo", True), ("nccl", False)):
+        sim.backend = backend
+        job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices)
+        assert job.backend == backend and all(("def post(" in p.code) == early and "_irecv(" in p.code for p in job.programs)
+
+
 def test_a_script_without_a_main_guard_is_told_why_its_ranks_died(tmp_path):
     """spawn runs the caller's script again in every rank: one without a main guard makes each
     rank start ranks of its own, which fails; the error says so instead of only an exit code."""
