@@ -12,8 +12,8 @@ event simulator gives the simulated step time, the two pinned gloo ranks the mea
 (5 warm-up steps, mean of the next 50).  A shared machine drifts by tens of percent between
 minutes, so the experiment runs ``--repeats`` rounds; in each, every model is profiled and
 its cases are planned, simulated and run right after, with that round's profile, so that a
-fast or slow spell falls on both sides of the round's error (profiled all first, one
-model's three profiles once all came out 26% faster than every one of its later runs).  A
+fast or slow spell falls on both sides of the round's error (profiled all first, LeNet's
+three profiles once summed to 20-30% below each of its later single-device runs).  A
 case reports the round with the median error, with every round's measured time and error
 and their spread; the profiles kept under ``<out>/profiles`` are the rounds' medians, op by
 op.  Reported per case: both times, the relative error (simulated / measured - 1), and
