@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -79,17 +80,15 @@ def _comm_summary(c: Any) -> str:
     return "; ".join(parts)
 
 
-def profile_model_once(src: Any, profile_root: Path, kind: str, reps: int, warmup: int, mode: str, scratch: Path) -> pd.DataFrame:
+def profile_model_once(src: Any, profile_root: Path, kind: str, reps: int, warmup: int, mode: str) -> pd.DataFrame:
     """Profile one model at B and B/2 on this CPU at one thread, file it under cpu2's device
     kind in ``profile_root`` and return it."""
-    from harness.profile import profile_dir_for, profile_model, write_profile
+    from harness.profile import profile_dir_for, profile_model
 
     B = int(src.batch_size)
     files = profile_model(src, device="cpu", batch_sizes=sorted({max(1, B // 2), B}), threads=1, warmup=warmup, reps=reps,
-                          out_dir=scratch, name=kind, progress=False, mode=mode)
-    df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    write_profile(df, profile_dir_for(kind, profile_root))
-    return df
+                          out_dir=profile_dir_for(kind, profile_root), name=kind, progress=False, mode=mode)
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
 
 
 def median_profile(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -225,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5, help="discarded steps per case (Celeritas: 5)")
     ap.add_argument("--reps", type=int, default=10, help="profiler repetitions per op")
     ap.add_argument("--repeats", type=int, default=3,
-                    help="profile every model and run every case this many times, in rounds; medians are reported (default 3)")
+                    help="rounds: in each, profile every model and run its cases with that profile; each case reports "
+                         "the round with the median error (default 3)")
     ap.add_argument("--profile-dir", default=None, help="profile root (default <out>/profiles; results/profiles with --profile-mode isolated)")
     ap.add_argument("--no-profile", action="store_true", help="reuse the profiles already in the profile root")
     ap.add_argument("--profile-mode", default="in_situ", choices=["isolated", "in_situ"],
@@ -254,8 +254,6 @@ def main(argv: list[str] | None = None) -> int:
     kind = cpu2.devices[0].spec.kind
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
-    import tempfile
-
     from harness.profile import profile_dir_for, write_profile
     from harness.run import build
 
@@ -272,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in models:
                 rroot = root if a.no_profile else Path(tmp) / f"round{k}"
                 if not a.no_profile:
-                    profiles[m].append(profile_model_once(srcs[m], rroot, kind, a.reps, 1 if a.quick else 3, a.profile_mode,
-                                                          Path(tmp) / f"{m}-{k}"))
+                    profiles[m].append(profile_model_once(srcs[m], rroot, kind, a.reps, 1 if a.quick else 3, a.profile_mode))
                     bar.update()
                 for algo in algos:
                     if not runs[(m, algo)] or runs[(m, algo)][0]["status"] == "ok":
