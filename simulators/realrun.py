@@ -291,6 +291,14 @@ def placement_programs(eg: ExecGraph, dev: np.ndarray, order: np.ndarray, world:
         e.lines = b
     tag = 0
     outputs = {r.index for r in eg.outputs if r is not None and r.kind == "n"}
+
+    def receive(r: int, here: list[str], stmt: str, *names: str) -> None:
+        """Post a receive of rank r before the step (``early_recv``), else at this point of ``here``."""
+        if early_recv:
+            em[r].post_recv(stmt, *names)
+        else:
+            here.append(f"    {stmt}")
+
     # --- parameters: home rank sends to remote readers at the start of the step
     ph_read = _ph_readers(eg)
     n_state = eg.n_params + eg.n_buffers
@@ -311,10 +319,7 @@ def placement_programs(eg: ExecGraph, dev: np.ndarray, order: np.ndarray, world:
             if r == h:
                 continue
             prologue[h].append(f"    _send(ph{j}, {r}, {tag})")
-            if early_recv:
-                em[r].post_recv(f"ph{j} = RB[{j}]; hp{j} = _irecv(ph{j}, {h}, {tag})", f"ph{j}", f"hp{j}")
-            else:
-                prologue[r].append(f"    ph{j} = RB[{j}]; hp{j} = _irecv(ph{j}, {h}, {tag})")
+            receive(r, prologue[r], f"ph{j} = RB[{j}]; hp{j} = _irecv(ph{j}, {h}, {tag})", f"ph{j}", f"hp{j}")
             em[r].pending[f"ph{j}"] = f"hp{j}.wait()"
             ph_name[r][j] = f"ph{j}"
             recv_params[r].append(j)
@@ -384,11 +389,7 @@ def placement_programs(eg: ExecGraph, dev: np.ndarray, order: np.ndarray, world:
                 perm = meta.dense_perm()
                 wire = meta if perm is None else meta.permuted(perm)
                 body[r].append(f"    _send({val}, {rc}, {tag}, {perm!r})")
-                recv = f"{nm} = _empty({em[rc].const(wire)}); h{tag} = _irecv({nm}, {r}, {tag})"
-                if early_recv:
-                    em[rc].post_recv(recv, nm, f"h{tag}")
-                else:
-                    body[rc].append(f"    {recv}")
+                receive(rc, body[rc], f"{nm} = _empty({em[rc].const(wire)}); h{tag} = _irecv({nm}, {r}, {tag})", nm, f"h{tag}")
                 # permuted back on arrival: the received tensor has the traced strides
                 inv = None if perm is None else tuple(int(x) for x in np.argsort(perm))
                 em[rc].pending[nm] = f"h{tag}.wait()" + ("" if inv is None else f"; {nm} = {nm}.permute({inv!r})")
@@ -1221,8 +1222,7 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
         ns[f"F{i}"] = resolve(t)
     exec(compile(prog.code, f"<realrun rank {prog.rank}>", "exec"), ns)
     step = ns["step"]
-    post = ns.get("post", lambda PH, RB: ())
-    return (lambda PH, RB: post(PH, RB)), (lambda PH, RB, P: step(PH, RB, W, P)), acc
+    return ns.get("post", lambda PH, RB: ()), (lambda PH, RB, P: step(PH, RB, W, P)), acc
 
 
 def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
