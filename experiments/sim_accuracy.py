@@ -22,8 +22,11 @@ overall the mean absolute error.  Goal: |error| <= 10% per case, mean <= 5%.
 
 The communication figures of cpu2 (link, all-reduce and what a message costs the ranks'
 cores, ``host_comm``) come from ``python -m harness.calibrate --write``, measured the way
-``sim=realrun`` runs (each rank on its own core, idle spinners on both).  Timing needs a quiet
-machine: the load average is recorded before and after the run.
+``sim=realrun`` runs (each rank on its own core, idle spinners on both).  The profiler and
+the ranks both keep the memory they free (:func:`harness.profile.steady_malloc`): with
+glibc's defaults a LeNet rank page-faulted 1635 times per step in one process and not at all
+in another.  Timing needs a quiet machine: the load average is recorded before and after
+the run.
 
 Outputs (``--out``, default results/sim_accuracy/): sim_accuracy.csv, sim_accuracy.png,
 README.md.
@@ -189,7 +192,7 @@ def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         "",
         f"Two CPU devices of one core each ({meta['cpu']}, torch {meta['torch']}), gloo over loopback; costs=profiled from a",
         f"profile of the same CPU at one thread ({meta['mode']} op timing); measured = mean of {meta['steps']} steps after {meta['warmup']} warm-up steps",
-        f"(sim=realrun, idle spinners on the ranks' cores). {meta['repeats']} rounds: in each, every model is profiled and its cases planned, simulated",
+        f"(sim=realrun, idle spinners on the ranks' cores; the profiler and the ranks keep the memory they free, steady_malloc). {meta['repeats']} rounds: in each, every model is profiled and its cases planned, simulated",
         "and run right after with that profile; a row is the round with the median error (its own measured and simulated times).",
         f"Load average before / after: {meta['load_before']} / {meta['load_after']} ({meta['date']}).",
         f"cpu2's communication figures (`python -m harness.calibrate --write`): {meta.get('comm', 'n/a')}.",

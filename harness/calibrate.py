@@ -100,11 +100,12 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
     import torch
     import torch.distributed as dist
 
-    from harness.profile import IdleSpinners
+    from harness.profile import IdleSpinners, steady_malloc
 
     cores = cores_of[rank]
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cores))
+    steady_malloc()  # as sim=realrun's ranks
     torch.set_num_threads(len(cores))
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     peer = 1 - rank

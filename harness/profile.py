@@ -108,6 +108,38 @@ def pin_to_cores(n: int, offset: int = 0) -> list[int]:
     return cores
 
 
+#: glibc's mallopt parameters (malloc.h) and the largest mmap threshold it accepts on 64 bits
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 << 20
+
+
+def steady_malloc(keep_bytes: int = 1 << 30) -> bool:
+    """Keep the memory a CPU step frees inside the process, as a GPU's caching allocator does.
+
+    torch's CPU tensors come from glibc's ``malloc``.  By default glibc hands freed memory
+    back to the OS (``munmap`` of a chunk above the mmap threshold, a trim of the heap's top
+    above the trim threshold), and then every later allocation of that size page-faults each
+    of its pages in again.  Whether that happens depends on the heap's layout, so it differs
+    from one process to the next: measured on the 2-core VM, a loop of 1.2 MB element-wise ops
+    ran 4x slower in some processes than in others (556 page faults per iteration against
+    none), and the same LeNet step from 8.6 to 14 ms.  A profile and a real run taken in two
+    such processes then disagree by that much.  This raises the trim threshold to
+    ``keep_bytes`` and the mmap threshold to glibc's maximum (32 MiB), so that after the first
+    step the buffers are reused without faults; allocations above 32 MiB are still mapped
+    (each one faults, in every process alike).  Process-wide and not undone; a no-op where the
+    C library has no ``mallopt`` (not glibc).  Returns whether it was applied."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    ok = mallopt(_M_TRIM_THRESHOLD, int(min(keep_bytes, 2**31 - 1))) == 1
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) == 1 and ok)
+
+
 # a busy loop at SCHED_IDLE priority on one core, that exits when its parent does
 _SPIN = """\
 import os, sys
@@ -359,13 +391,16 @@ def profile_model(
     progress: bool = True,
     mode: str = "isolated",
     spin_idle: bool = True,
+    steady: bool = True,
 ) -> list[Path]:
     """Profile a :class:`~harness.models.TorchModel` at each batch size; returns the files written.
 
     The calling process is pinned to ``threads`` cores with ``threads`` torch threads while it
     runs (CPU), and restored afterwards; with ``spin_idle`` those cores carry the idle spinners
     a CPU rank of ``sim=realrun`` runs with (:class:`IdleSpinners`), so that ops are timed on
-    a core in the same state as the real run's."""
+    a core in the same state as the real run's.  With ``steady`` (CPU) the process keeps the
+    memory it frees (:func:`steady_malloc`, as ``sim=realrun``'s ranks do): process-wide, and
+    left so afterwards."""
     import torch
 
     if not hasattr(source, "build") or not hasattr(source, "inputs"):
@@ -382,10 +417,11 @@ def profile_model(
     old_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     torch.set_num_threads(threads)
     cores = pin_to_cores(threads) if (pin and dev.type == "cpu") else []
+    malloc = "steady" if (dev.type == "cpu" and steady and steady_malloc()) else "default"
     try:
         with IdleSpinners(cores if spin_idle else []):
             return _profile_batches(source, dev, threads, warmup, reps, max_op_s, granularity, optimizer, batch_probe, seed, out_dir, name,
-                                    progress, cores, batch_sizes, mode)
+                                    progress, cores, batch_sizes, mode, malloc)
     finally:  # leave the calling process as it was
         torch.set_num_threads(old_threads)
         if cores and old_cores is not None:
@@ -394,7 +430,7 @@ def profile_model(
 
 def _profile_batches(source: Any, dev: Any, threads: int, warmup: int, reps: int, max_op_s: float, granularity: str, optimizer: str,
                      batch_probe: bool, seed: int, out_dir: Any, name: str | None, progress: bool, cores: list[int],
-                     batch_sizes: Sequence[int] | None, mode: str = "isolated") -> list[Path]:
+                     batch_sizes: Sequence[int] | None, mode: str = "isolated", malloc: str = "default") -> list[Path]:
     import pandas as pd
     import torch
     from tqdm import tqdm
@@ -409,7 +445,7 @@ def _profile_batches(source: Any, dev: Any, threads: int, warmup: int, reps: int
         "model": source.name, "granularity": granularity, "optimizer": optimizer, "device": str(dev),
         "device_name": dname, "torch_version": torch.__version__, "threads": threads, "cpu_model": cpu_model(),
         "cuda_version": torch.version.cuda or "", "mem_kind": "cuda_peak_delta" if dev.type == "cuda" else "cpu_output_bytes",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "mode": mode,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "mode": mode, "malloc": malloc,
     }
     log.info("profiling %s on %s (%s), batches %s, cores %s", source.name, dname, dev, batches, cores)
     frames = []
@@ -459,7 +495,7 @@ def _profile_batches(source: Any, dev: Any, threads: int, warmup: int, reps: int
 
 COLUMNS = ["model", "granularity", "optimizer", "batch_size", "node", "name", "target", "signature", "key", "role", "phase", "free",
            "time_s", "time_mean_s", "time_min_s", "time_std_s", "reps", "dedup_of", "mem_bytes", "mem_kind", "flops", "work_bytes",
-           "out_bytes", "graph_fp", "dtype", "device", "device_name", "torch_version", "threads", "cpu_model", "cuda_version", "created", "mode"]
+           "out_bytes", "graph_fp", "dtype", "device", "device_name", "torch_version", "threads", "cpu_model", "cuda_version", "created", "mode", "malloc"]
 
 
 def write_profile(df: Any, out: Path) -> list[Path]:
@@ -474,7 +510,7 @@ def write_profile(df: Any, out: Path) -> list[Path]:
         part = part[COLUMNS]
         if path.exists():
             old = pd.read_parquet(path)
-            env = ["device_name", "torch_version", "threads", "mode"]
+            env = ["device_name", "torch_version", "threads", "mode", "malloc"]
             same_env = set(COLUMNS) <= set(old.columns) and \
                 {tuple(x) for x in old[env].drop_duplicates().itertuples(index=False)} == {tuple(x) for x in part[env].drop_duplicates().itertuples(index=False)}
             if same_env:
@@ -515,6 +551,7 @@ def _hydra_main() -> None:
             granularity=str(g.get("granularity", "aten")), optimizer=str(g.get("optimizer", "sgd")),
             batch_probe=bool(g.get("batch_probe", True)), seed=int(cfg.seed), out_dir=cfg.out_dir, name=cfg.device_name,
             pin=bool(cfg.pin), progress=bool(cfg.progress), mode=str(cfg.mode), spin_idle=bool(cfg.get("spin_idle", True)),
+            steady=bool(cfg.get("steady_malloc", True)),
         )
         print(summarize(files))
 

@@ -12,7 +12,11 @@ CPU rank is pinned to its own cores (``os.sched_setaffinity``) and runs
 ``threads_per_rank`` torch threads, so that the ranks behave as separate devices; with
 ``spin_idle`` (default) it keeps a ``SCHED_IDLE`` busy loop on each of its cores
 (:class:`harness.profile.IdleSpinners`), so that a rank waiting for a message does not halt
-its core - waking a halted virtual CPU costs milliseconds per message.
+its core - waking a halted virtual CPU costs milliseconds per message.  With
+``steady_malloc`` (default) a CPU rank keeps the memory it frees
+(:func:`harness.profile.steady_malloc`, as the profiler does), so that its buffers are reused
+without page faults, as a GPU's caching allocator reuses them; otherwise whether glibc hands
+freed buffers back to the OS differs from process to process, and so does the step time.
 
 The captured joint forward + backward + SGD-update graph is turned into an
 :class:`~harness.execgraph.ExecGraph` and, for each rank, into straight-line Python code
@@ -81,7 +85,9 @@ first start to the last end on one host's clock, also counts the barrier's exit 
 ``measured_rank_busy_s`` is the time each rank spent inside its ops (host time on a GPU),
 ``measured_rank_send_s`` inside its ``isend`` calls (on gloo the payload is written there)
 and ``measured_rank_wait_s`` waiting for its receives, its all-reduces and, at the end of
-the step, its sends to complete; per step, means over the measured steps.
+the step, its sends to complete; ``measured_rank_page_faults`` counts the minor page faults
+of the rank's process during a step (allocations the C library had to map afresh, see
+``steady_malloc``); per step, means over the measured steps.
 """
 
 from __future__ import annotations
@@ -157,6 +163,8 @@ class Job:
     gather: list[str] = field(default_factory=list)
     #: CPU ranks: keep each rank's cores from idling (:class:`harness.profile.IdleSpinners`)
     spin_idle: bool = False
+    #: CPU ranks: keep freed memory in the process (:func:`harness.profile.steady_malloc`)
+    steady_malloc: bool = False
 
 
 class _Emitter:
@@ -868,6 +876,7 @@ class RealRun:
         job_dir: str | None = None,
         spin_idle: bool = True,
         early_recv: bool = True,
+        steady_malloc: bool = True,
         **params: Any,
     ) -> None:
         if launcher not in ("spawn", "torchrun", "prepare"):
@@ -886,6 +895,7 @@ class RealRun:
         self.job_dir = job_dir
         self.spin_idle = bool(spin_idle)
         self.early_recv = bool(early_recv)
+        self.steady_malloc = bool(steady_malloc)
         self.params = params
         self.source: Any = None
         self.seed = 0
@@ -1041,7 +1051,8 @@ class RealRun:
         backend = self._backend()
         cores, _ = rank_cores(world, self.threads)
         return Job(world, mode, backend, device, self.threads, self.warmup, self.steps, self.seed, self.source, eg, progs, cores,
-                   dp, full_batch, collect, self.timeout_s, spin_idle=self.spin_idle and device == "cpu")
+                   dp, full_batch, collect, self.timeout_s, spin_idle=self.spin_idle and device == "cpu",
+                   steady_malloc=self.steady_malloc and device == "cpu")
 
     # ------------------------------------------------------------------ run
     def execute(self, graph: Any, strategy: Strategy, num_devices: int, collect: bool = False) -> "Measured":
@@ -1105,6 +1116,10 @@ def _setup_rank(job: Job, rank: int, local_rank: int) -> tuple[Any, Any]:
 
     if job.device == "cpu" and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(job.cores[local_rank % len(job.cores)]))  # this host's cores: by local rank
+    if job.steady_malloc:
+        from harness.profile import steady_malloc
+
+        steady_malloc()
     torch.set_num_threads(job.threads)
     try:
         torch.set_num_interop_threads(1)
@@ -1225,6 +1240,15 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
     return ns.get("post", lambda PH, RB: ()), (lambda PH, RB, P: step(PH, RB, W, P)), acc
 
 
+def _minor_faults() -> int:
+    """This process's minor page faults so far (0 where ``resource`` is missing)."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
 def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
     """Build this rank's state and program for one job, run and time its steps, save the record."""
     import torch
@@ -1246,18 +1270,20 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
         PH = initial_state(job.source, job.eg, job.seed, device)
     RB = {j: job.eg.placeholders[j].meta.empty(device) for j in prog.recv_params}
     post, step, acc = _compile(prog, device, dist, pg, dp_group, k, pos)
-    starts, ends, busy, sent, waited = [], [], [], [], []
+    starts, ends, busy, sent, waited, faults = [], [], [], [], [], []
     outputs: dict[str, Any] | None = None
     for s in range(job.warmup + job.steps):
         P = post(PH, RB)  # before the barrier: the peers know of every receive when the step starts
         acc[0] = acc[1] = 0.0
         dist.barrier()
+        f0 = _minor_faults()
         t0 = time.perf_counter()
         b, outs = step(PH, RB, P)
         del P
         if job.device == "cuda":
             torch.cuda.synchronize()
         t1 = time.perf_counter()
+        faults.append(_minor_faults() - f0)
         starts.append(t0)
         ends.append(t1)
         busy.append(b)
@@ -1277,7 +1303,7 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
                     outputs[key] = torch.cat(parts, 0).cpu()
         del outs
     dist.barrier()
-    rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "send": sent, "wait": waited, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
+    rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "send": sent, "wait": waited, "faults": faults, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
            "threads": torch.get_num_threads(), "outputs": outputs, "nodes": prog.nodes, "sends": prog.sends, "recvs": prog.recvs}
     torch.save(rec, os.path.join(out_dir, f"rank{rank}.pt"))
 
@@ -1333,6 +1359,7 @@ class Measured:
     span_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [steps] first start to last end (one host)
     rank_send_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean per step in send calls
     rank_wait_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean per step waiting for messages / collectives
+    rank_faults: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean minor page faults per step
 
     @property
     def step_time_s(self) -> float:
@@ -1358,6 +1385,7 @@ class Measured:
             "measured_rank_busy_s": self.rank_busy_s.tolist(),
             "measured_rank_send_s": self.rank_send_s.tolist(),
             "measured_rank_wait_s": self.rank_wait_s.tolist(),
+            "measured_rank_page_faults": self.rank_faults.tolist(),
             "realrun": {
                 "mode": self.mode, "backend": self.backend, "device": self.device, "world_size": self.world,
                 "threads_per_rank": self.threads, "cores": self.cores, "oversubscribed": self.oversubscribed,
@@ -1398,7 +1426,7 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
     step = (end - start).max(axis=0)
     span = end.max(axis=0) - start.min(axis=0) if one_host else step
     _, over = rank_cores(job.world, job.threads)
-    per_rank = [np.array([r[key] for r in recs])[:, job.warmup:].mean(axis=1) for key in ("send", "wait")]
+    per_rank = [np.array([r[key] for r in recs])[:, job.warmup:].mean(axis=1) for key in ("send", "wait", "faults")]
     return Measured(job.mode, job.backend, job.device, job.world, job.threads, job.warmup, job.steps, step, (end - start).mean(axis=1),
                     busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span,
                     *per_rank)

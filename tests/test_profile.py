@@ -225,3 +225,50 @@ def test_idle_spinners_run_at_idle_priority_on_their_cores_and_stop():
         assert os.sched_getscheduler(pid) == os.SCHED_IDLE
         assert os.sched_getaffinity(pid) == {core}
     assert sp.procs == [] and proc.returncode is not None  # terminated and reaped on exit
+
+
+_FAULTS = """
+import resource, sys, torch
+from harness.profile import steady_malloc
+applied = steady_malloc() if sys.argv[1] == "steady" else False
+x = torch.randn(300_000)  # 1.2 MB: three of them freed together leave the heap's top above glibc's trim threshold
+flt = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    a, b, c = x * 2, x + 1, x - 1; del a, b, c
+f0 = flt()
+for _ in range(50):
+    a, b, c = x * 2, x + 1, x - 1; del a, b, c
+print(applied, (flt() - f0) / 50)
+"""
+
+
+def _faults_per_step(how: str) -> tuple[bool, float]:
+    r = subprocess.run([sys.executable, "-c", _FAULTS, how], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    applied, faults = r.stdout.split()
+    return applied == "True", float(faults)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page-fault counts and mallopt are glibc/Linux")
+def test_steady_malloc_reuses_freed_buffers_without_page_faults():
+    """glibc gives the freed buffers of a step back to the OS and faults them in again on the
+    next step; after steady_malloc they stay in the process."""
+    applied, steady = _faults_per_step("steady")
+    if not applied:
+        pytest.skip("this C library has no mallopt")
+    _, default = _faults_per_step("default")
+    if default < 10:
+        pytest.skip(f"this C library keeps freed buffers by itself ({default} faults per step)")
+    assert steady < 1.0 < default
+
+
+def test_cpu_profiles_record_the_allocator_setting(tmp_path):
+    files = profile_model(tiny(), batch_sizes=[4], warmup=1, reps=2, out_dir=tmp_path, progress=False, steady=False)
+    assert (pd.read_parquet(files[0])["malloc"] == "default").all()
+    files = profile_model(tiny(), batch_sizes=[4], warmup=1, reps=2, out_dir=tmp_path, progress=False)
+    df = pd.read_parquet(files[0])
+    from harness.profile import steady_malloc
+
+    assert set(df["malloc"]) == {"steady" if steady_malloc() else "default"} and "malloc" in COLUMNS
+    assert set(df["batch_size"]) == {4} and df["node"].is_unique  # another environment: replaced, not merged

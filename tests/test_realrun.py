@@ -271,6 +271,7 @@ def test_placements_really_exchange_tensors(fast_cases):
     # each rank sends, and waits for what it receives; busy, send and wait time fit in the step
     assert all(s > 0 for s in m.rank_send_s) and all(w >= 0 for w in m.rank_wait_s)
     assert all(b + s + w <= t * 1.001 for b, s, w, t in zip(m.rank_busy_s, m.rank_send_s, m.rank_wait_s, m.rank_step_s))
+    assert len(m.rank_faults) == 2 and all(f >= 0 for f in m.rank_faults)
     # every receive is posted before the step's barrier (post), none inside the step ...
     for code in c["code"]:
         post, step = code.split("def step(")
@@ -410,6 +411,10 @@ def test_receives_are_posted_early_on_gloo_only():
         sim.backend = backend
         job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices)
         assert job.backend == backend and all(("def post(" in p.code) == early and "_irecv(" in p.code for p in job.programs)
+    # CPU ranks keep the memory they free (harness.profile.steady_malloc), unless told not to
+    assert job.device == "cpu" and job.steady_malloc
+    sim.steady_malloc = False
+    assert not sim.prepare(plan.graph, plan.strategy, cluster.num_devices).steady_malloc
 
 
 def test_a_script_without_a_main_guard_is_told_why_its_ranks_died(tmp_path):
