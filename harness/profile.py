@@ -15,7 +15,9 @@ Ops that mutate an argument are timed on clones of their arguments.  ``mode=in_s
 instead every node's single call inside ``reps`` whole steps run in node order (after
 ``warmup`` steps), the median per node: the caches and allocator state of a real step, what
 a single-device real run sees (an option beside the issue's isolated timing; compare both
-with ``python -m experiments sim_accuracy --profile-mode``).
+with ``python -m experiments sim_accuracy --profile-mode``).  On CPU an in-situ node's time
+also holds the release of the inputs it was the last to read, which a real run's rank does
+right after the op.
 
 Memory: on a GPU the increase of ``torch.cuda.max_memory_allocated`` over one call (output
 plus workspace); on the CPU the bytes of the output storages that do not alias an input
@@ -279,12 +281,19 @@ def with_batch(source: Any, batch: int) -> Any:
 
 
 def _in_situ(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps: int, last: np.ndarray, keep: set[int]) -> np.ndarray:
-    """Seconds of every node's call inside whole steps run in node order: [reps, nodes]."""
+    """Seconds of every node inside whole steps run in node order: [reps, nodes].
+
+    On CPU a node's time is its call plus the release of the inputs it was the last to read,
+    as a real run's rank frees them (``del`` right after the op): freeing is host work on the
+    rank's core, 1-6 % of a step for the zoo's small models (most for the Transformer's many
+    small tensors).  On GPU the caching allocator makes a free an untimed host call, and the
+    CUDA events bracket the call alone."""
     import torch
 
     cuda = torch.device(device).type == "cuda"
     n = eg.num_nodes
     fns = [resolve(ins.target) for ins in eg.instrs]
+    dead = [sorted({r.index for r in eg.refs(i) if r.kind == "n" and last[r.index] == i and r.index not in keep}) for i in range(n)]
     out = np.zeros((max(1, reps), n))
     for s in range(warmup + max(1, reps)):
         vals: list[Any] = [None] * n
@@ -299,12 +308,13 @@ def _in_situ(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps: int, 
             else:
                 t0 = time.perf_counter()
                 vals[i] = fns[i](*args, **kwargs)
-                if s >= warmup:
-                    out[s - warmup, i] = time.perf_counter() - t0
+                t1 = time.perf_counter()
             del args, kwargs
-            for r in eg.refs(i):
-                if r.kind == "n" and last[r.index] == i and r.index not in keep:
-                    vals[r.index] = None
+            t2 = time.perf_counter()
+            for j in dead[i]:
+                vals[j] = None
+            if not cuda and s >= warmup:
+                out[s - warmup, i] = (t1 - t0) + (time.perf_counter() - t2)
         if cuda:
             torch.cuda.synchronize(device)
             if s >= warmup:

@@ -272,3 +272,57 @@ def test_cpu_profiles_record_the_allocator_setting(tmp_path):
 
     assert set(df["malloc"]) == {"steady" if steady_malloc() else "default"} and "malloc" in COLUMNS
     assert set(df["batch_size"]) == {4} and df["node"].is_unique  # another environment: replaced, not merged
+
+
+class _SlowRelease:
+    """A node value whose release takes 30 ms."""
+
+    def __init__(self, v: object) -> None:
+        self.v = v
+
+    def __del__(self) -> None:
+        time.sleep(0.03)
+
+
+def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatch):
+    """A real run's rank frees a tensor right after its last reader: in situ, that reader pays it."""
+    import harness.profile as hp
+
+    src = tiny(batch=4)
+    eg = ExecGraph.from_graph(src.op_graph(keep_fx=True))
+    n = eg.num_nodes
+    last = np.full(n, -1, np.int64)
+    for i in range(n):
+        for r in eg.refs(i):
+            if r.kind == "n":
+                last[r.index] = i
+    keep = {r.index for r in eg.outputs if r is not None and r.kind == "n"}
+    # a node with a single reader, which is not a graph output
+    j = next(k for k in range(n) if last[k] > k and k not in keep and sum(r.index == k for i in range(n) for r in eg.refs(i) if r.kind == "n") == 1)
+    reader = int(last[j])
+    real = hp.resolve
+
+    def unwrap(x: object) -> object:
+        if isinstance(x, _SlowRelease):
+            return x.v
+        if isinstance(x, (list, tuple)):
+            return type(x)(unwrap(v) for v in x)
+        return x
+
+    def patched(target: str):
+        fn = real(target)
+        return lambda *a, **k: fn(*unwrap(a), **{key: unwrap(v) for key, v in k.items()})
+
+    monkeypatch.setattr(hp, "resolve", patched)
+    orig_materialize = hp.materialize
+
+    def materialize(x, vals, ph, device):  # hand node j's value to its reader inside a slow-to-release box
+        if vals[j] is not None and not isinstance(vals[j], _SlowRelease):
+            vals[j] = _SlowRelease(vals[j])
+        return orig_materialize(x, vals, ph, device)
+
+    monkeypatch.setattr(hp, "materialize", materialize)
+    ts = hp._in_situ(eg, initial_state(src, eg, 0), "cpu", 0, 2, last, keep)
+    assert (ts[:, reader] >= 0.03).all()
+    others = np.delete(ts, reader, axis=1)
+    assert (others < 0.03).all()
