@@ -137,6 +137,8 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
         "measured_std_s": r["measured_step_time_std_s"], "error": r["step_time_s"] / meas - 1.0,
         "analytical_s": ana, "analytical_error": ana / meas - 1.0, "fallback_nodes": rep.get("fallback_nodes", np.nan),
         "sim_busy_s": r["device_busy_s"], "measured_busy_s": r["measured_rank_busy_s"], "comm_bytes": r["comm_bytes"],
+        "measured_send_s": r["measured_rank_send_s"], "measured_wait_s": r["measured_rank_wait_s"],
+        "measured_page_faults": r["measured_rank_page_faults"],
     }
 
 

@@ -16,6 +16,8 @@ def test_quick_run_writes_table_figure_and_readme(tmp_path):
     assert r["model"] == "lenet5" and r["algo"] == "round_robin" and r["mode"] == "placement"
     assert r["simulated_s"] > 0 and r["measured_s"] > 0 and r["error"] == r["simulated_s"] / r["measured_s"] - 1
     assert r["fallback_nodes"] == 0  # the fresh profile covers every op
+    # each rank's step breakdown and page faults travel with the row (lists, one entry per rank)
+    assert all(len(eval(r[k])) == 2 for k in ("measured_busy_s", "measured_send_s", "measured_wait_s", "measured_page_faults"))
     assert (tmp_path / "sim_accuracy.png").stat().st_size > 0
     readme = (tmp_path / "README.md").read_text()
     assert "| lenet5 | round_robin | placement |" in readme and "Mean absolute error" in readme
