@@ -32,6 +32,10 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   copy_GBps}``, with which the simulator charges every transfer to both endpoints' compute
   (and takes it out of the link's one-way time, which holds it already).
 
+``python -m harness.calibrate --drift SECONDS`` measures instead how much this machine's speed
+moves over time (:func:`drift`): what bounds any comparison of a simulated step with a
+measured one here.
+
 It prints the figures and a YAML snippet; ``--write`` rewrites ``conf/cluster/device/cpu_host.yaml``
 and ``conf/cluster/cpu2.yaml`` with them (the device kind is this CPU's profile name, so that
 ``costs=profiled`` finds the profiles of ``python -m harness.profile device=cpu threads=1``).
@@ -221,6 +225,51 @@ def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005, early:
     return out
 
 
+def drift(seconds: float = 60.0, window_s: float = 2.0, threads: int = 1, spin: bool = True) -> dict[str, Any]:
+    """How much this machine's speed moves: one fixed CPU workload (a 128^3 matmul and an
+    element-wise op over 1.2 MB, the mix of a small model's step) run back to back for
+    ``seconds`` on ``threads`` pinned cores, with the idle spinners and the allocator setting of
+    a real run's rank; the median time of one iteration in each ``window_s`` window.  Returns
+    the windows (seconds per iteration), their ``spread`` ((max - min) / median) and ``cv``
+    (standard deviation / mean).  A profile and a real run taken a minute apart on a machine
+    with a spread of s can disagree by about s with no fault of the simulator's."""
+    import numpy as np
+    import torch
+
+    from harness.profile import IdleSpinners, steady_malloc
+
+    old_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    old_threads = torch.get_num_threads()
+    cores = pin_to_cores(threads)
+    torch.set_num_threads(threads)
+    steady_malloc()
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(128, 128, generator=g), torch.randn(128, 128, generator=g)
+    x = torch.randn(300_000, generator=g)
+    windows: list[float] = []
+    try:
+        with IdleSpinners(cores if spin else []):
+            for _ in range(3):  # warm-up
+                torch.mm(a, b), torch.relu(x)
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                w_end = min(end, time.perf_counter() + window_s)
+                ts = []
+                while time.perf_counter() < w_end or not ts:
+                    t0 = time.perf_counter()
+                    torch.mm(a, b)
+                    torch.relu(x)
+                    ts.append(time.perf_counter() - t0)
+                windows.append(statistics.median(ts))
+    finally:
+        torch.set_num_threads(old_threads)
+        if old_cores is not None:
+            os.sched_setaffinity(0, old_cores)
+    w = np.asarray(windows)
+    return {"windows_s": windows, "window_s": window_s, "cores": cores, "spread": float((w.max() - w.min()) / np.median(w)),
+            "cv": float(w.std() / w.mean())}
+
+
 def _fit(sizes: Any, t: Any) -> tuple[float, float]:
     """Least-squares ``t = a + b * bytes`` weighted by ``1 / t`` (small messages, where the
     latency shows, count as much as big ones): ``(a, b)``, both kept positive."""
@@ -325,8 +374,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the raw figures to this JSON file")
     ap.add_argument("--rounds", type=int, default=3, help="passes over the message sizes (default 3)")
     ap.add_argument("--no-spin", action="store_true", help="measure the link without idle spinners on the ranks' cores")
+    ap.add_argument("--drift", type=float, default=None, metavar="SECONDS",
+                    help="only measure how much this machine's speed moves over SECONDS (2 s windows), and exit")
     a = ap.parse_args(argv)
     import torch
+
+    if a.drift is not None:
+        d = drift(a.drift, threads=a.threads, spin=not a.no_spin)
+        w = d["windows_s"]
+        print(f"one fixed workload on core(s) {d['cores']}, {len(w)} windows of {d['window_s']:g} s: median iteration "
+              f"{statistics.median(w) * 1e6:.0f} us, fastest {min(w) * 1e6:.0f} us, slowest {max(w) * 1e6:.0f} us; "
+              f"spread (max - min) / median {d['spread'] * 100:.0f} %, cv {d['cv'] * 100:.1f} %")
+        if a.json:
+            Path(a.json).write_text(json.dumps(d, indent=1))
+        return 0
 
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     pin_to_cores(a.threads)

@@ -327,3 +327,14 @@ def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatc
     assert (ts[:, reader] >= 0.03).all()
     others = np.delete(ts, reader, axis=1)
     assert (others < 0.03).all()
+
+
+def test_drift_reports_windows_and_their_spread():
+    from harness.calibrate import drift
+
+    before = os.sched_getaffinity(0)
+    d = drift(seconds=0.6, window_s=0.2, spin=False)
+    assert 2 <= len(d["windows_s"]) <= 4 and all(t > 0 for t in d["windows_s"])
+    w = d["windows_s"]
+    assert d["spread"] == pytest.approx((max(w) - min(w)) / float(np.median(w))) and d["cv"] >= 0
+    assert os.sched_getaffinity(0) == before  # the process is left as it was
