@@ -236,35 +236,26 @@ def drift(seconds: float = 60.0, window_s: float = 2.0, threads: int = 1, spin: 
     import numpy as np
     import torch
 
-    from harness.profile import IdleSpinners, steady_malloc
+    from harness.profile import IdleSpinners, pinned, steady_malloc
 
-    old_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    old_threads = torch.get_num_threads()
-    cores = pin_to_cores(threads)
-    torch.set_num_threads(threads)
     steady_malloc()
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(128, 128, generator=g), torch.randn(128, 128, generator=g)
     x = torch.randn(300_000, generator=g)
     windows: list[float] = []
-    try:
-        with IdleSpinners(cores if spin else []):
-            for _ in range(3):  # warm-up
-                torch.mm(a, b), torch.relu(x)
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end:
-                w_end = min(end, time.perf_counter() + window_s)
-                ts = []
-                while time.perf_counter() < w_end or not ts:
-                    t0 = time.perf_counter()
-                    torch.mm(a, b)
-                    torch.relu(x)
-                    ts.append(time.perf_counter() - t0)
-                windows.append(statistics.median(ts))
-    finally:
-        torch.set_num_threads(old_threads)
-        if old_cores is not None:
-            os.sched_setaffinity(0, old_cores)
+    with pinned(threads) as cores, IdleSpinners(cores if spin else []):
+        for _ in range(3):  # warm-up
+            torch.mm(a, b), torch.relu(x)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            w_end = min(end, time.perf_counter() + window_s)
+            ts = []
+            while time.perf_counter() < w_end or not ts:
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                torch.relu(x)
+                ts.append(time.perf_counter() - t0)
+            windows.append(statistics.median(ts))
     w = np.asarray(windows)
     return {"windows_s": windows, "window_s": window_s, "cores": cores, "spread": float((w.max() - w.min()) / np.median(w)),
             "cv": float(w.std() / w.mean())}

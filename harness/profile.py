@@ -31,6 +31,7 @@ the aten nodes are profiled and each coarse node's row holds the sum over its me
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import logging
@@ -40,7 +41,7 @@ import re
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -115,6 +116,24 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _MMAP_THRESHOLD_MAX = 32 << 20
 
 
+@contextlib.contextmanager
+def pinned(threads: int, pin: bool = True) -> Iterator[list[int]]:
+    """Run the block with ``threads`` torch threads and, with ``pin``, this process pinned to
+    ``threads`` of its cores (:func:`pin_to_cores`; yields them); both restored afterwards."""
+    import torch
+
+    old_threads = torch.get_num_threads()
+    old_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    torch.set_num_threads(threads)
+    cores = pin_to_cores(threads) if pin else []
+    try:
+        yield cores
+    finally:
+        torch.set_num_threads(old_threads)
+        if cores and old_cores is not None:
+            os.sched_setaffinity(0, old_cores)
+
+
 def steady_malloc(keep_bytes: int = 1 << 30) -> bool:
     """Keep the memory a CPU step frees inside the process, as a GPU's caching allocator does.
 
@@ -125,11 +144,11 @@ def steady_malloc(keep_bytes: int = 1 << 30) -> bool:
     from one process to the next: measured on the 2-core VM, a loop of 1.2 MB element-wise ops
     ran 4x slower in some processes than in others (556 page faults per iteration against
     none), and a real run's LeNet rank page-faulted 1635 times per step (none with this set).
-    A profile and a real run taken in two such processes disagree by that much.  This raises the trim threshold to
-    ``keep_bytes`` and the mmap threshold to glibc's maximum (32 MiB), so that after the first
-    step the buffers are reused without faults; allocations above 32 MiB are still mapped
-    (each one faults, in every process alike).  Process-wide and not undone; a no-op where the
-    C library has no ``mallopt`` (not glibc).  Returns whether it was applied."""
+    A profile and a real run taken in two such processes disagree by that much.  This raises
+    the trim threshold to ``keep_bytes`` and the mmap threshold to glibc's maximum (32 MiB), so
+    that after the first step the buffers are reused without faults; allocations above 32 MiB
+    are still mapped (each one faults, in every process alike).  Process-wide and not undone;
+    a no-op where the C library has no ``mallopt`` (not glibc).  Returns whether it was applied."""
     import ctypes
 
     try:
@@ -280,7 +299,20 @@ def with_batch(source: Any, batch: int) -> Any:
     return s
 
 
-def _in_situ(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps: int, last: np.ndarray, keep: set[int]) -> np.ndarray:
+def dead_inputs(eg: ExecGraph) -> list[list[int]]:
+    """Per node, the node values it is the last to read (graph outputs excepted): what a step
+    run in node order frees right after that node, as a real run's rank does."""
+    n = eg.num_nodes
+    last = np.full(n, -1, np.int64)
+    for i in range(n):
+        for r in eg.refs(i):
+            if r.kind == "n":
+                last[r.index] = i
+    keep = {r.index for r in eg.outputs if r is not None and r.kind == "n"}
+    return [sorted({r.index for r in eg.refs(i) if r.kind == "n" and last[r.index] == i and r.index not in keep}) for i in range(n)]
+
+
+def _in_situ(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps: int, dead: list[list[int]]) -> np.ndarray:
     """Seconds of every node inside whole steps run in node order: [reps, nodes].
 
     On CPU a node's time is its call plus the release of the inputs it was the last to read,
@@ -293,7 +325,6 @@ def _in_situ(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps: int, 
     cuda = torch.device(device).type == "cuda"
     n = eg.num_nodes
     fns = [resolve(ins.target) for ins in eg.instrs]
-    dead = [sorted({r.index for r in eg.refs(i) if r.kind == "n" and last[r.index] == i and r.index not in keep}) for i in range(n)]
     out = np.zeros((max(1, reps), n))
     for s in range(warmup + max(1, reps)):
         vals: list[Any] = [None] * n
@@ -330,12 +361,7 @@ def _profile_graph(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps:
 
     n = eg.num_nodes
     cuda = torch.device(device).type == "cuda"
-    last = np.full(n, -1, np.int64)
-    for i in range(n):
-        for r in eg.refs(i):
-            if r.kind == "n":
-                last[r.index] = i
-    keep = {r.index for r in eg.outputs if r is not None and r.kind == "n"}
+    dead = dead_inputs(eg)
     vals: list[Any] = [None] * n
     seen: dict[str, int] = {}
     rows: list[dict[str, Any]] = []
@@ -369,13 +395,12 @@ def _profile_graph(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps:
                 "time_std_s": float(statistics.pstdev(ts)) if len(ts) > 1 else 0.0, "reps": len(ts), "mem_bytes": mem,
             })
         del args, kwargs, out
-        for r in eg.refs(i):  # free what no later node reads
-            if r.kind == "n" and last[r.index] == i and r.index not in keep:
-                vals[r.index] = None
+        for j in dead[i]:  # free what no later node reads
+            vals[j] = None
         if bar is not None:
             bar.update(1)
     if mode == "in_situ":
-        ts = _in_situ(eg, ph, device, warmup, reps, last, keep)
+        ts = _in_situ(eg, ph, device, warmup, reps, dead)
         for i, row in enumerate(rows):
             col = ts[:, i]
             row.update({"time_s": float(np.median(col)), "time_mean_s": float(col.mean()), "time_min_s": float(col.min()),
@@ -423,19 +448,10 @@ def profile_model(
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ProfileError(f"device {device!r} requested but CUDA is not available on this machine")
     threads = int(threads)
-    old_threads = torch.get_num_threads()
-    old_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    torch.set_num_threads(threads)
-    cores = pin_to_cores(threads) if (pin and dev.type == "cpu") else []
-    malloc = "steady" if (dev.type == "cpu" and steady and steady_malloc()) else "default"
-    try:
-        with IdleSpinners(cores if spin_idle else []):
-            return _profile_batches(source, dev, threads, warmup, reps, max_op_s, granularity, optimizer, batch_probe, seed, out_dir, name,
-                                    progress, cores, batch_sizes, mode, malloc)
-    finally:  # leave the calling process as it was
-        torch.set_num_threads(old_threads)
-        if cores and old_cores is not None:
-            os.sched_setaffinity(0, old_cores)
+    with pinned(threads, pin and dev.type == "cpu") as cores, IdleSpinners(cores if spin_idle else []):
+        malloc = "steady" if (dev.type == "cpu" and steady and steady_malloc()) else "default"
+        return _profile_batches(source, dev, threads, warmup, reps, max_op_s, granularity, optimizer, batch_probe, seed, out_dir, name,
+                                progress, cores, batch_sizes, mode, malloc)
 
 
 def _profile_batches(source: Any, dev: Any, threads: int, warmup: int, reps: int, max_op_s: float, granularity: str, optimizer: str,

@@ -292,15 +292,9 @@ def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatc
     src = tiny(batch=4)
     eg = ExecGraph.from_graph(src.op_graph(keep_fx=True))
     n = eg.num_nodes
-    last = np.full(n, -1, np.int64)
-    for i in range(n):
-        for r in eg.refs(i):
-            if r.kind == "n":
-                last[r.index] = i
-    keep = {r.index for r in eg.outputs if r is not None and r.kind == "n"}
-    # a node with a single reader, which is not a graph output
-    j = next(k for k in range(n) if last[k] > k and k not in keep and sum(r.index == k for i in range(n) for r in eg.refs(i) if r.kind == "n") == 1)
-    reader = int(last[j])
+    dead = hp.dead_inputs(eg)
+    # a node with a single reader, which frees it (so it is not a graph output)
+    reader, j = next((i, k) for i in range(n) for k in dead[i] if sum(r.index == k for c in range(n) for r in eg.refs(c) if r.kind == "n") == 1)
     real = hp.resolve
 
     def unwrap(x: object) -> object:
@@ -323,7 +317,7 @@ def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatc
         return orig_materialize(x, vals, ph, device)
 
     monkeypatch.setattr(hp, "materialize", materialize)
-    ts = hp._in_situ(eg, initial_state(src, eg, 0), "cpu", 0, 2, last, keep)
+    ts = hp._in_situ(eg, initial_state(src, eg, 0), "cpu", 0, 2, dead)
     assert (ts[:, reader] >= 0.03).all()
     others = np.delete(ts, reader, axis=1)
     assert (others < 0.03).all()
