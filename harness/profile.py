@@ -312,44 +312,56 @@ def dead_inputs(eg: ExecGraph) -> list[list[int]]:
     return [sorted({r.index for r in eg.refs(i) if r.kind == "n" and last[r.index] == i and r.index not in keep}) for i in range(n)]
 
 
-def _in_situ(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps: int, dead: list[list[int]]) -> np.ndarray:
-    """Seconds of every node inside whole steps run in node order: [reps, nodes].
+def in_situ_step(eg: ExecGraph, ph: list[Any], device: Any, dead: list[list[int]], fns: Sequence[Any] | None = None) -> np.ndarray:
+    """One whole step run in node order, every node timed inside it: seconds per node.
 
-    On CPU a node's time is its call plus the release of the inputs it was the last to read,
-    as a real run's rank frees them (``del`` right after the op): freeing is host work on the
-    rank's core, 1-6 % of a step for the zoo's small models (most for the Transformer's many
-    small tensors).  On GPU the caching allocator makes a free an untimed host call, and the
-    CUDA events bracket the call alone."""
+    On CPU a node's time is its call plus the release of the inputs it was the last to read
+    (``dead``, from :func:`dead_inputs`), as a real run's rank frees them (``del`` right after
+    the op): freeing is host work on the rank's core, 1-6 % of a step for the zoo's small
+    models (most for the Transformer's many small tensors).  On GPU the caching allocator makes
+    a free an untimed host call, and CUDA events bracket the call alone.  The profiler's
+    ``mode=in_situ`` repeats this step; ``sim=realrun`` with ``interleave_profile`` runs it
+    between its measured steps."""
     import torch
 
     cuda = torch.device(device).type == "cuda"
     n = eg.num_nodes
-    fns = [resolve(ins.target) for ins in eg.instrs]
-    out = np.zeros((max(1, reps), n))
-    for s in range(warmup + max(1, reps)):
-        vals: list[Any] = [None] * n
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)] if cuda else None
-        for i, ins in enumerate(eg.instrs):
-            args = materialize(ins.args, vals, ph, device)
-            kwargs = materialize(ins.kwargs, vals, ph, device)
-            if cuda:
-                ev[i][0].record()
-                vals[i] = fns[i](*args, **kwargs)
-                ev[i][1].record()
-            else:
-                t0 = time.perf_counter()
-                vals[i] = fns[i](*args, **kwargs)
-                t1 = time.perf_counter()
-            del args, kwargs
-            t2 = time.perf_counter()
-            for j in dead[i]:
-                vals[j] = None
-            if not cuda and s >= warmup:
-                out[s - warmup, i] = (t1 - t0) + (time.perf_counter() - t2)
+    fns = fns if fns is not None else [resolve(ins.target) for ins in eg.instrs]
+    out = np.zeros(n)
+    vals: list[Any] = [None] * n
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)] if cuda else None
+    for i, ins in enumerate(eg.instrs):
+        args = materialize(ins.args, vals, ph, device)
+        kwargs = materialize(ins.kwargs, vals, ph, device)
         if cuda:
-            torch.cuda.synchronize(device)
-            if s >= warmup:
-                out[s - warmup] = [a.elapsed_time(b) / 1e3 for a, b in ev]
+            ev[i][0].record()
+            vals[i] = fns[i](*args, **kwargs)
+            ev[i][1].record()
+        else:
+            t0 = time.perf_counter()
+            vals[i] = fns[i](*args, **kwargs)
+            t1 = time.perf_counter()
+        del args, kwargs
+        t2 = time.perf_counter()
+        for j in dead[i]:
+            vals[j] = None
+        if not cuda:
+            out[i] = (t1 - t0) + (time.perf_counter() - t2)
+    if cuda:
+        torch.cuda.synchronize(device)
+        out[:] = [a.elapsed_time(b) / 1e3 for a, b in ev]
+    return out
+
+
+def _in_situ(eg: ExecGraph, ph: list[Any], device: Any, warmup: int, reps: int, dead: list[list[int]]) -> np.ndarray:
+    """Seconds of every node inside ``warmup + reps`` whole steps (:func:`in_situ_step`), the
+    warm-up steps dropped: [reps, nodes]."""
+    fns = [resolve(ins.target) for ins in eg.instrs]
+    out = np.zeros((max(1, reps), eg.num_nodes))
+    for s in range(warmup + max(1, reps)):
+        t = in_situ_step(eg, ph, device, dead, fns)
+        if s >= warmup:
+            out[s - warmup] = t
     return out
 
 

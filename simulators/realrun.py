@@ -88,6 +88,20 @@ and ``measured_rank_wait_s`` waiting for its receives, its all-reduces and, at t
 the step, its sends to complete; ``measured_rank_page_faults`` counts the minor page faults
 of the rank's process during a step (allocations the C library had to map afresh, see
 ``steady_malloc``); per step, means over the measured steps.
+
+Profiled during the run (``interleave_profile``, off by default): after every step one rank
+in turn - the others wait at the next step's barrier - runs the whole executed graph alone
+from its own copy of the initial state and times each op in situ
+(:func:`harness.profile.in_situ_step`, the profiler's ``mode=in_situ``).  The plan is then
+simulated again with each op's median over those reference steps (summed per coarse node of a
+layer-granularity plan; the B/k graph's times stand for the data-parallel shards):
+``step_time_interleaved_s`` and ``sim_relative_error_interleaved`` beside ``step_time_s``,
+``measured_reference_step_s`` the reference steps' mean length.  A profile taken minutes
+before the run sees another machine when the machine's speed drifts (``python -m
+harness.calibrate --drift``: tens of percent on a shared VM); one interleaved with the measured
+steps sees the same one, so the comparison isolates the simulator's model of the step -
+overlap, order, communication - from the drift.  Not for channel-parallel runs, whose layers
+execute other ops than the captured graph's.
 """
 
 from __future__ import annotations
@@ -165,6 +179,13 @@ class Job:
     spin_idle: bool = False
     #: CPU ranks: keep freed memory in the process (:func:`harness.profile.steady_malloc`)
     steady_malloc: bool = False
+    #: after every step one rank in turn runs the whole ``eg`` alone, timing each node in situ
+    #: (:func:`harness.profile.in_situ_step`): a profile taken while the run is measured
+    interleave_profile: bool = False
+    #: the plan graph's node of each ``eg`` node when the plan is coarser (layer granularity), else None
+    ref_group: Any = None
+    #: the fraction of the plan graph's work one ``eg`` node does (1/k under k-way data parallelism)
+    ref_fraction: float = 1.0
 
 
 class _Emitter:
@@ -877,6 +898,7 @@ class RealRun:
         spin_idle: bool = True,
         early_recv: bool = True,
         steady_malloc: bool = True,
+        interleave_profile: bool = False,
         **params: Any,
     ) -> None:
         if launcher not in ("spawn", "torchrun", "prepare"):
@@ -896,6 +918,7 @@ class RealRun:
         self.spin_idle = bool(spin_idle)
         self.early_recv = bool(early_recv)
         self.steady_malloc = bool(steady_malloc)
+        self.interleave_profile = bool(interleave_profile)
         self.params = params
         self.source: Any = None
         self.seed = 0
@@ -977,7 +1000,9 @@ class RealRun:
         # receive holds that stream until its data comes: posted up front, it would block the
         # sends its own data depends on.  gloo matches by tag and sends from the caller's thread.
         progs = placement_programs(eg, dev, order, num_devices, home, early_recv=self.early_recv and self._backend() == "gloo")
-        return self._job("placement", eg, progs, num_devices, collect, [], int(aten.meta["batch_size"]))
+        job = self._job("placement", eg, progs, num_devices, collect, [], int(aten.meta["batch_size"]))
+        job.ref_group = grp
+        return job
 
     def _resolve_graph(self, graph: OpGraph, gran: str, batch: int, what: str) -> tuple[OpGraph, ExecGraph, np.ndarray | None]:
         """The captured aten graph (with fx) the plan's graph stands for, its ExecGraph, and for
@@ -1037,7 +1062,9 @@ class RealRun:
             p.rank = r
             progs.append(p)
         if chan is None:
-            return self._job("data_parallel", eg, progs, num_devices, collect, list(devs), B)
+            job = self._job("data_parallel", eg, progs, num_devices, collect, list(devs), B)
+            job.ref_group, job.ref_fraction = layer_runs(g), 1.0 / k
+            return job
         job = self._job("channel_parallel", eg, progs, num_devices, collect, list(devs), B)
         job.param_rows = dict(chan.param_rows)
         job.gather = [f"{kind}{j}" for j in sorted(chan.param_rows) for kind in ("grad", "new")]
@@ -1052,7 +1079,9 @@ class RealRun:
         cores, _ = rank_cores(world, self.threads)
         return Job(world, mode, backend, device, self.threads, self.warmup, self.steps, self.seed, self.source, eg, progs, cores,
                    dp, full_batch, collect, self.timeout_s, spin_idle=self.spin_idle and device == "cpu",
-                   steady_malloc=self.steady_malloc and device == "cpu")
+                   steady_malloc=self.steady_malloc and device == "cpu",
+                   # a channel-parallel layer's ops are not the captured graph's: no profile of them to interleave
+                   interleave_profile=self.interleave_profile and mode != "channel_parallel")
 
     # ------------------------------------------------------------------ run
     def execute(self, graph: Any, strategy: Strategy, num_devices: int, collect: bool = False) -> "Measured":
@@ -1069,9 +1098,65 @@ class RealRun:
             return res
         m = launch(job, self.launcher, self.job_dir)
         extras = m.summary()
-        extras["sim_relative_error"] = (res.step_time_s / extras["measured_step_time_s"] - 1.0) if extras["measured_step_time_s"] > 0 else None
+        meas = extras["measured_step_time_s"]
+        extras["sim_relative_error"] = (res.step_time_s / meas - 1.0) if meas > 0 else None
+        if len(m.reference_s):
+            t = interleaved_step_time(graph, strategy, cluster, costs, job, m.reference_s, self.order)
+            extras["step_time_interleaved_s"] = t
+            extras["sim_relative_error_interleaved"] = (t / meas - 1.0) if (t is not None and meas > 0) else None
         res.extras = {**getattr(res, "extras", {}), **extras}
         return res
+
+
+# ---------------------------------------------------------------------------- interleaved profile
+class RunProfileCosts:
+    """A cost model whose compute times for one graph are those profiled in situ between a
+    real run's measured steps (``sim.interleave_profile``); everything else - other graphs or
+    fractions, transfers, all-reduce, memory - is the plan's own cost model's."""
+
+    def __init__(self, base: CostModel, graph: OpGraph, fraction: float, times: np.ndarray) -> None:
+        self.base, self.graph, self.fraction, self.times = base, graph, float(fraction), np.asarray(times, dtype=np.float64)
+        self.cluster = base.cluster
+
+    def node_times(self, graph: Any, device: int, fraction: float = 1.0) -> np.ndarray:
+        if graph is not self.graph:
+            return self.base.node_times(graph, device, fraction)
+        if abs(float(fraction) - self.fraction) < 1e-9:
+            return self.times
+        t = self.base.node_times(graph, device, fraction)
+        # a replicated node (a weight's update) does the same work at every batch size: data
+        # parallelism asks for it at fraction 1 and the reference ran it at 1/k
+        return np.where(graph.batch_role == REPLICATED, self.times, t)
+
+    def compute_time(self, graph: Any, node: int, device: int, fraction: float = 1.0) -> float:
+        return float(self.node_times(graph, device, fraction)[node])
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or "base" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["base"], name)
+
+
+def interleaved_step_time(graph: Any, strategy: Strategy, cluster: Cluster, costs: CostModel, job: Job, reference_s: np.ndarray,
+                          order: str = "strict") -> float | None:
+    """The simulated step of the plan with its ops' times profiled *during* the real run:
+    each node's median over the reference steps the ranks ran between their measured steps
+    (:func:`harness.profile.in_situ_step` on the executed graph), summed per plan node when
+    the plan is coarser.  A shared machine's speed moves by tens of percent between minutes
+    (``python -m harness.calibrate --drift``); a profile interleaved with the measured steps
+    sees the same machine they do.  None where the executed graph does not map onto the
+    plan's (a layer-graph plan)."""
+    if not isinstance(graph, OpGraph) or not len(reference_s):
+        return None
+    t = np.median(np.asarray(reference_s, dtype=np.float64), axis=0)
+    if len(t) != graph.num_nodes:
+        grp = job.ref_group
+        if grp is None or len(grp) != len(t) or int(np.max(grp)) + 1 != graph.num_nodes:
+            return None
+        t = np.bincount(np.asarray(grp), weights=t, minlength=graph.num_nodes)
+    if getattr(costs, "free_ops", "measured") == "zero":
+        t = np.where(graph.free, 0.0, t)
+    return simulate(graph, strategy, cluster, RunProfileCosts(costs, graph, job.ref_fraction, t), order).step_time_s
 
 
 # ---------------------------------------------------------------------------- reference
@@ -1270,6 +1355,13 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
         PH = initial_state(job.source, job.eg, job.seed, device)
     RB = {j: job.eg.placeholders[j].meta.empty(device) for j in prog.recv_params}
     post, step, acc = _compile(prog, device, dist, pg, dp_group, k, pos)
+    if job.interleave_profile:
+        from harness.profile import dead_inputs, in_situ_step
+
+        ref_ph = initial_state(job.source, job.eg, job.seed, device)
+        ref_dead = dead_inputs(job.eg)
+        ref_fns = [resolve(ins.target) for ins in job.eg.instrs]
+    reference: list[np.ndarray] = []
     starts, ends, busy, sent, waited, faults = [], [], [], [], [], []
     outputs: dict[str, Any] | None = None
     for s in range(job.warmup + job.steps):
@@ -1302,9 +1394,17 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
                     dist.all_gather(parts, t, group=dp_group)
                     outputs[key] = torch.cat(parts, 0).cpu()
         del outs
+        if job.interleave_profile:
+            # the ranks take turns; the others wait at the next step's barrier meanwhile
+            dist.barrier()
+            if s % job.world == rank:
+                t_ref = in_situ_step(job.eg, ref_ph, device, ref_dead, ref_fns)
+                if s >= job.warmup:
+                    reference.append(t_ref)
     dist.barrier()
     rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "send": sent, "wait": waited, "faults": faults, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
-           "threads": torch.get_num_threads(), "outputs": outputs, "nodes": prog.nodes, "sends": prog.sends, "recvs": prog.recvs}
+           "threads": torch.get_num_threads(), "outputs": outputs, "nodes": prog.nodes, "sends": prog.sends, "recvs": prog.recvs,
+           "reference": np.asarray(reference).reshape(len(reference), job.eg.num_nodes)}
     torch.save(rec, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -1360,6 +1460,7 @@ class Measured:
     rank_send_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean per step in send calls
     rank_wait_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean per step waiting for messages / collectives
     rank_faults: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean minor page faults per step
+    reference_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [reference steps, nodes] interleaved in-situ profile
 
     @property
     def step_time_s(self) -> float:
@@ -1386,6 +1487,8 @@ class Measured:
             "measured_rank_send_s": self.rank_send_s.tolist(),
             "measured_rank_wait_s": self.rank_wait_s.tolist(),
             "measured_rank_page_faults": self.rank_faults.tolist(),
+            "measured_reference_step_s": float(self.reference_s.sum(axis=1).mean()) if len(self.reference_s) else None,
+            "measured_reference_steps": int(len(self.reference_s)),
             "realrun": {
                 "mode": self.mode, "backend": self.backend, "device": self.device, "world_size": self.world,
                 "threads_per_rank": self.threads, "cores": self.cores, "oversubscribed": self.oversubscribed,
@@ -1427,9 +1530,11 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
     span = end.max(axis=0) - start.min(axis=0) if one_host else step
     _, over = rank_cores(job.world, job.threads)
     per_rank = [np.array([r[key] for r in recs])[:, job.warmup:].mean(axis=1) for key in ("send", "wait", "faults")]
+    refs = [np.asarray(r["reference"]) for r in recs if len(r.get("reference", ()))]
+    ref = np.concatenate(refs) if refs else np.zeros((0, job.eg.num_nodes))
     return Measured(job.mode, job.backend, job.device, job.world, job.threads, job.warmup, job.steps, step, (end - start).mean(axis=1),
                     busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span,
-                    *per_rank)
+                    *per_rank, reference_s=ref)
 
 
 def _unguarded_script_hint() -> str:

@@ -110,6 +110,7 @@ def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
             gcfg = {"granularity": gran, "optimizer": "sgd", "batch_probe": True}
             g = src.op_graph(**gcfg, keep_fx=True)
             sim.bind(src, 0, gcfg)
+            sim.interleave_profile = gran == "layer"  # round_robin@layer also profiles between its steps: the maths must not change
             for algo_name in (ALGOS if gran == "aten" else ["round_robin"]):
                 a = algo_name if gran == "aten" else f"{algo_name}@layer"
                 algo = _algorithm(algo_name, cfg)
@@ -129,6 +130,8 @@ def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
                                  "sends": sum(p.sends for p in job.programs), **_channel_info(job, plan.graph, plan.strategy)}
                 if job.mode == "placement":
                     cases[(m, a)]["code"] = [p.code for p in job.programs]
+                if job.interleave_profile:
+                    cases[(m, a)].update(plan=plan, cluster=cluster, costs=costs, job=job)
                 jobs.append(job)
                 keys.append((m, a))
         # receives posted at the producer's position of the walk instead of before the step
@@ -283,6 +286,64 @@ def test_placements_really_exchange_tensors(fast_cases):
     assert dp["mode"] == "data_parallel" and dp["k"] == 2
 
 
+@pytest.mark.parametrize("model", FAST)
+def test_interleaved_profile_is_taken_between_the_measured_steps(fast_cases, model):
+    """sim.interleave_profile: after each step one rank in turn runs the whole graph alone and
+    times every op (warm-up steps dropped), without changing the distributed step's maths
+    (round_robin@layer passes the equality test above with it on); the layer-granularity plan
+    is simulated with those times summed per coarse node."""
+    from simulators.realrun import interleaved_step_time
+
+    c = fast_cases[(model, "round_robin@layer")]
+    m, job, plan = c["measured"], c["job"], c["plan"]
+    assert job.interleave_profile and m.reference_s.shape == (m.steps, job.eg.num_nodes)
+    assert (m.reference_s >= 0).all() and m.reference_s.sum() > 0
+    assert plan.graph.num_nodes < job.eg.num_nodes  # coarse nodes of aten runs
+    t = interleaved_step_time(plan.graph, plan.strategy, c["cluster"], c["costs"], job, m.reference_s)
+    assert t is not None and t > 0
+    assert m.summary()["measured_reference_steps"] == m.steps
+    assert m.summary()["measured_reference_step_s"] == pytest.approx(float(m.reference_s.sum()) / m.steps)
+
+
+def test_interleaved_step_time_uses_the_reference_times_of_the_plan_nodes():
+    """With reference times equal to the plan's own cost model's, the interleaved simulation is
+    the plain one - for a placement, for data parallelism (the reference ran the B/k graph; its
+    weight updates are asked for at fraction 1) and for a layer-granularity plan (aten times
+    summed per coarse node); scaled times give a different step."""
+    from simulators.realrun import interleaved_step_time
+    from simulators.simulate import simulate
+
+    for algo_name, gran in (("round_robin", "aten"), ("data_parallel", "aten"), ("round_robin", "layer")):
+        src, cluster, costs, algo, sim, cfg = _setup("lenet5", algo_name, [f"graph.granularity={gran}"])
+        gcfg = {"granularity": gran, "optimizer": "sgd", "batch_probe": True}
+        sim.bind(src, 0, gcfg)
+        sim.interleave_profile = True
+        g = src.op_graph(**gcfg, keep_fx=True)
+        plan = algo.plan(g, cluster, costs)
+        job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices)
+        assert job.interleave_profile
+        f = job.ref_fraction
+        base = costs.node_times(plan.graph, 0, f)
+        if f != 1.0:
+            from harness.graph import REPLICATED
+
+            assert job.mode == "data_parallel" and f == 0.5
+            base = np.where(plan.graph.batch_role == REPLICATED, costs.node_times(plan.graph, 0, 1.0), base)
+        if job.eg.num_nodes == plan.graph.num_nodes:
+            ref = base[None, :]
+        else:  # each coarse node's time on the first aten node of its run
+            grp = np.asarray(job.ref_group)
+            first = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
+            ref = np.zeros((1, job.eg.num_nodes))
+            ref[0, first] = base[grp[first]]
+        want = simulate(plan.graph, plan.strategy, cluster, costs).step_time_s
+        assert interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, ref) == pytest.approx(want, rel=1e-12), (algo_name, gran)
+        slower = interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, 2 * ref)
+        assert slower > want, (algo_name, gran)
+    # a layer-graph plan has no per-op times to take: no interleaved figure
+    assert interleaved_step_time(src.layer_graph(), plan.strategy, cluster, costs, job, ref) is None
+
+
 # ---------------------------------------------------------------------------- refusals (no processes)
 def _lenet() -> tuple[Any, Any, OpGraph, RealRun]:
     src, cluster, costs, algo, sim, cfg = _setup("lenet5", "single_device")
@@ -375,10 +436,14 @@ def test_run_adds_the_measured_step_time(tmp_path):
     from harness.run import format_summary, run, write_outputs
 
     cfg = compose([*MODELS["lenet5"][0], "algo=m_topo", "cluster=cpu2", "sim=realrun", "sim.warmup=1", "sim.steps=3",
-                   "costs=profiled", f"costs.profile_dir={tmp_path / 'none'}", "output.gantt=false"])
+                   "costs=profiled", f"costs.profile_dir={tmp_path / 'none'}", "output.gantt=false", "sim.interleave_profile=true"])
     res = run(cfg)
     row = res.row
     assert row["step_time_s"] > 0 and row["measured_step_time_s"] > 0 and row["measured_steps"] == 3
+    # the plan simulated again with the ops' times profiled between the measured steps
+    assert row["measured_reference_steps"] == 3 and row["measured_reference_step_s"] > 0
+    assert row["step_time_interleaved_s"] > 0
+    assert row["sim_relative_error_interleaved"] == pytest.approx(row["step_time_interleaved_s"] / row["measured_step_time_s"] - 1)
     assert len(row["measured_rank_step_s"]) == 2 and row["realrun"]["backend"] == "gloo" and row["realrun"]["mode"] == "placement"
     # no profile in that directory: every kernel fell back to the analytical model, and the row says so
     assert row["costs_report"]["fallback_nodes"] == int((~res.plan.graph.free).sum()) > 0

@@ -21,6 +21,9 @@ def test_quick_run_writes_table_figure_and_readme(tmp_path):
     assert (tmp_path / "sim_accuracy.png").stat().st_size > 0
     readme = (tmp_path / "README.md").read_text()
     assert "| lenet5 | round_robin | placement |" in readme and "Mean absolute error" in readme
+    # the same plan simulated with the profile the ranks took between the measured steps
+    assert r["interleaved_s"] > 0 and r["interleaved_error"] == pytest.approx(r["interleaved_s"] / r["measured_s"] - 1)
+    assert "profile interleaved with the run: mean absolute error" in readme
     assert list((tmp_path / "profiles").glob("*/lenet5_aten_*.parquet"))
 
 
@@ -34,6 +37,12 @@ def test_repeated_runs_report_the_round_with_the_median_error():
     assert r["error"] == pytest.approx(0.2) and r["analytical_error"] == pytest.approx(0.0)
     assert r["runs"] == 3 and r["measured_runs_ms"] == "40.00 20.00 25.00" and r["run_spread"] == pytest.approx(0.8)
     assert r["run_errors"] == "-25.0% +20.0% +40.0%"
+    assert "interleaved_error" not in r  # no round profiled during its run
+    # the interleaved error is the median of the rounds' own, whichever round the row reports
+    inter = [{**row, "interleaved_error": e} for row, e in zip(rows, (0.05, -0.01, float("nan")))]
+    r = sim_accuracy.combine_runs(inter)
+    assert r["simulated_s"] == 0.024 and r["interleaved_error"] == pytest.approx(0.02)
+    assert r["interleaved_run_errors"] == "+5.0% -1.0% n/a"
     refused = {"model": "m", "algo": "fddps", "status": "refused", "note": "rewritten graph"}
     assert sim_accuracy.combine_runs([refused]) == refused
 
