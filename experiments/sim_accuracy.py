@@ -86,7 +86,10 @@ def _comm_summary(c: Any) -> str:
     if c.meta.get("collective"):
         parts.append("all-reduce ring alpha {lat_us} us, beta {bw_GBps} GB/s".format(**c.meta["collective"]))
     if c.meta.get("host_comm"):
-        parts.append("each transfer costs both endpoints {per_message_us} us + bytes / {copy_GBps} GB/s of compute".format(**c.meta["host_comm"]))
+        h = c.meta["host_comm"]
+        parts.append("each transfer costs both endpoints {per_message_us} us + bytes / {copy_GBps} GB/s of compute".format(**h))
+        if h.get("send_cold_us"):
+            parts.append("a sender {send_cold_us} us x (1 - exp(-gap / {send_tau_us} us)) more after computing gap since its previous send".format(**h))
     return "; ".join(parts)
 
 

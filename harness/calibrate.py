@@ -30,7 +30,12 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   exchanging small and 1 MiB messages (``isend`` / ``irecv``, as a real run's transfers); the
   slowdown per message and side, and per byte: cpu2's ``host_comm: {per_message_us,
   copy_GBps}``, with which the simulator charges every transfer to both endpoints' compute
-  (and takes it out of the link's one-way time, which holds it already).
+  (and takes it out of the link's one-way time, which holds it already);
+* how a send's cost grows with the compute since the rank's previous send: rank 0 computes
+  ``gap`` seconds of matmuls before each ``isend`` of 4 KiB or 256 KiB; the medians per gap,
+  fitted to ``hot + cold (1 - exp(-gap / tau))``: cpu2's ``host_comm: {send_cold_us,
+  send_tau_us}``, the extra a sender pays beyond ``per_message_us`` (which was measured with
+  sends every few hundred microseconds).
 
 ``python -m harness.calibrate --drift SECONDS`` measures instead how much this machine's speed
 moves over time (:func:`drift`): what bounds any comparison of a simulated step with a
@@ -150,12 +155,15 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
         msg_cpu = [_message_cpu(rank, peer, n_msg=64, reps=5) for _ in range(rounds)]
         big_cpu = [_message_cpu(rank, peer, n_msg=32, reps=5, numel=BIG_MSG // 4) for _ in range(rounds)]
         busy = {"late": _busy_sender(rank, peer, reps=20 * rounds, early=False), "early": _busy_sender(rank, peer, reps=20 * rounds)}
+        gaps = _send_after_gap(rank, peer, rounds)
     if rank == 0:
         Path(out).write_text(json.dumps({"p2p": {s: statistics.fmean(v) for s, v in p2p.items()},
                                          "allreduce": {s: statistics.fmean(v) for s, v in coll.items()},
                                          "msg_cpu_s": statistics.fmean(msg_cpu), "big_msg_cpu_s": statistics.fmean(big_cpu)}))
     if rank == 1:
         Path(out + ".busy").write_text(json.dumps(busy))
+    else:
+        Path(out + ".gaps").write_text(json.dumps(gaps))
     dist.destroy_process_group()
 
 
@@ -189,6 +197,71 @@ def _message_cpu(rank: int, peer: int, n_msg: int, reps: int, numel: int = 64) -
     alone = statistics.median(loop(False) for _ in range(reps))
     talking = statistics.median(loop(True) for _ in range(reps))
     return max(0.0, (talking - alone) / n_msg / 2)
+
+
+#: compute between two sends of the gap sweep (seconds) and the message sizes it sends (bytes)
+SEND_GAPS = [5e-5, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2]
+SEND_GAP_SIZES = [4096, 262144]
+
+
+def _send_after_gap(rank: int, peer: int, rounds: int, n_msg: int = 24) -> dict[str, list[float]]:
+    """Seconds rank 0 spends inside ``isend`` after computing ``gap`` seconds since its previous
+    send (matmuls in between; the receives posted before the round, as ``sim=realrun`` posts
+    them): per gap (key), the median over ``n_msg`` sends, per size and round.  On the cpu2 VM
+    a send right after another costs tens of microseconds and one after milliseconds of compute
+    a few hundred: the network stack's code and data have left the caches."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(96, 96), torch.randn(96, 96)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        torch.mm(a, b)
+    mm = (time.perf_counter() - t0) / 50
+    out: dict[str, list[float]] = {str(g): [] for g in SEND_GAPS}
+    for _ in range(rounds):
+        for size in SEND_GAP_SIZES:
+            for gap in SEND_GAPS:
+                n = max(1, int(round(gap / mm)))
+                msgs = [torch.ones(size // 4) for _ in range(n_msg)]
+                hs = [dist.irecv(torch.empty(size // 4), peer, tag=j) for j in range(n_msg)] if rank == 1 else []
+                dist.barrier()
+                ts = []
+                if rank == 0:
+                    for j in range(n_msg):
+                        for _ in range(n):
+                            torch.mm(a, b)
+                        t1 = time.perf_counter()
+                        hs.append(dist.isend(msgs[j], peer, tag=j))
+                        ts.append(time.perf_counter() - t1)
+                for h in hs:
+                    h.wait()
+                if rank == 0:
+                    out[str(gap)].append(statistics.median(ts[2:]))
+    return out
+
+
+def fit_send_gap(gaps: dict[str, list[float]]) -> tuple[float, float, float]:
+    """``isend`` seconds against the compute gap before it, fitted to ``hot + cold * (1 -
+    exp(-gap / tau))`` (least squares on each gap's median over sizes and rounds, tau on a
+    grid): ``(hot_s, cold_s, tau_s)``, with ``cold >= 0``.  The simulator charges a sender
+    ``cold * (1 - exp(-gap / tau))`` on top of ``host_comm.per_message_us`` (a hot send is in
+    the calibrated per-message cost already)."""
+    import numpy as np
+
+    g = np.array(sorted(float(k) for k in gaps))
+    t = np.array([statistics.median(gaps[k]) for k in sorted(gaps, key=float)])
+    best = (float("inf"), float(t.min()), 0.0, 1e-3)
+    for tau in np.geomspace(1e-4, 5e-2, 80):
+        x = 1.0 - np.exp(-g / tau)
+        A = np.vstack([np.ones_like(x), x]).T
+        (hot, cold), *_ = np.linalg.lstsq(A, t, rcond=None)
+        if cold < 0:
+            hot, cold = float(t.mean()), 0.0
+        err = float(((hot + cold * x - t) ** 2).sum())
+        if err < best[0]:
+            best = (err, float(hot), float(cold), float(tau))
+    return best[1], best[2], best[3]
 
 
 def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005, early: bool = True) -> list[float]:
@@ -291,6 +364,7 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
         mp.spawn(_pingpong, args=(2, f"file://{d}/rdzv", cores_of, reps, rounds, out, spin), nprocs=2, join=True)
         res = json.loads(Path(out).read_text())
         busy = json.loads(Path(out + ".busy").read_text())
+        gaps = json.loads(Path(out + ".gaps").read_text())
     sizes = np.array([float(s) for s in res["p2p"]])
     lat, inv_bw = _fit(sizes, np.array(list(res["p2p"].values())))
     big = sizes >= COLL_FIT_MIN
@@ -299,6 +373,7 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
             "busy_sender_mean_s": statistics.fmean(busy["early"]), "busy_sender_median_s": statistics.median(busy["early"]),
             "busy_sender_late_mean_s": statistics.fmean(busy["late"]), "busy_sender_late_median_s": statistics.median(busy["late"]),
             "copy_cpu_Bps": BIG_MSG / max(res["big_msg_cpu_s"] - res["msg_cpu_s"], 1e-9),
+            "send_gap_s": gaps, **dict(zip(("send_hot_s", "send_cold_s", "send_tau_s"), fit_send_gap(gaps))),
             "p2p_s": res["p2p"], "allreduce_s": res["allreduce"]}
 
 
@@ -324,8 +399,20 @@ mem_GiB: {mem_gib}
 """
 
 
+def _send_gap_comment(link: dict[str, Any]) -> str:
+    if "send_gap_s" not in link:
+        return ""
+    gaps = link["send_gap_s"]
+    return f"""# A send costs more the longer its rank computed since its previous send: isend of 4 KiB and 256 KiB after
+# {", ".join(f"{float(g) * 1e3:g}" for g in gaps)} ms of matmuls took (median) {", ".join(f"{statistics.median(v) * 1e6:.0f}" for v in gaps.values())} us;
+# fitted to hot + cold (1 - exp(-gap / tau)): hot {link["send_hot_s"] * 1e6:.0f} us, cold {link["send_cold_s"] * 1e6:.0f} us, tau {link["send_tau_s"] * 1e6:.0f} us.
+# The simulator adds cold (1 - exp(-gap / tau)) to each send's per_message_us (send_cold_us, send_tau_us).
+"""
+
+
 def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
     lat, bw, clat, cbw = link["lat_s"], link["bw_Bps"], link["coll_lat_s"], link["coll_bw_Bps"]
+    cold = f", send_cold_us: {link['send_cold_s'] * 1e6:.1f}, send_tau_us: {link['send_tau_s'] * 1e6:.0f}" if "send_cold_s" in link else ""
     ar = ", ".join(f"{int(s) // 1024} KiB {t * 1e6:.0f} us" for s, t in link["allreduce_s"].items() if int(s) >= 65536)
     spin = "with" if link.get("spin_idle", True) else "without"
     return f"""# cpu2: two CPU devices of {threads} core(s) each on this machine - the cluster the real-run
@@ -342,7 +429,7 @@ def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
 # host_comm: what a transfer costs each endpoint's core in compute (gloo's sends and receives are
 # CPU copies on the ranks' own cores): both ranks run a matmul loop alone and while exchanging
 # small and 1 MiB messages; slowdown per message and side {link["msg_cpu_s"] * 1e6:.1f} us, bytes at {link["copy_cpu_Bps"] / 1e9:.2f} GB/s.
-# Not modelled: a small message posted by a rank that goes on computing arrives after
+{_send_gap_comment(link)}# Not modelled: a small message posted by a rank that goes on computing arrives after
 # {link.get("busy_sender_mean_s", float("nan")) * 1e6:.0f} us on average (median {link.get("busy_sender_median_s", float("nan")) * 1e6:.0f} us) with its receive posted before the step, as
 # sim=realrun does; {link.get("busy_sender_late_mean_s", float("nan")) * 1e6:.0f} us (median {link.get("busy_sender_late_median_s", float("nan")) * 1e6:.0f} us) posted later (sim.early_recv=false).
 defaults:
@@ -353,7 +440,7 @@ gpus: 2          # devices per host (CPU devices here)
 nodes: 1
 intra: {{topology: mesh, cls: loopback, bw_GBps: {bw / 1e9:.3f}, lat_us: {lat * 1e6:.2f}}}
 collective: {{lat_us: {clat * 1e6:.2f}, bw_GBps: {cbw / 1e9:.3f}}}
-host_comm: {{per_message_us: {link["msg_cpu_s"] * 1e6:.1f}, copy_GBps: {link["copy_cpu_Bps"] / 1e9:.3f}}}
+host_comm: {{per_message_us: {link["msg_cpu_s"] * 1e6:.1f}, copy_GBps: {link["copy_cpu_Bps"] / 1e9:.3f}{cold}}}
 """
 
 
@@ -396,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(mean; median {link['busy_sender_median_s'] * 1e6:.0f} us) when the receive was posted before the step, as "
           f"sim=realrun does; {link['busy_sender_late_mean_s'] * 1e6:.0f} us (median {link['busy_sender_late_median_s'] * 1e6:.0f} us) "
           "when it was posted while the sender computes")
+    print(f"isend after a gap of compute: {', '.join(f'{float(g) * 1e3:g} ms {statistics.median(v) * 1e6:.0f} us' for g, v in link['send_gap_s'].items())}; "
+          f"fit hot {link['send_hot_s'] * 1e6:.0f} us + cold {link['send_cold_s'] * 1e6:.0f} us (1 - exp(-gap / {link['send_tau_s'] * 1e6:.0f} us))")
     for s, t in link["p2p_s"].items():
         print(f"  {int(s):>10} B  one-way {t * 1e6:9.1f} us   all-reduce {link['allreduce_s'][s] * 1e6:9.1f} us")
     kind = device_name("cpu", a.threads)

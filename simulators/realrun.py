@@ -95,7 +95,8 @@ from its own copy of the initial state and times each op in situ
 (:func:`harness.profile.in_situ_step`, the profiler's ``mode=in_situ``).  The plan is then
 simulated again with each op's median over those reference steps (summed per coarse node of a
 layer-granularity plan; the B/k graph's times stand for the data-parallel shards):
-``step_time_interleaved_s`` and ``sim_relative_error_interleaved`` beside ``step_time_s``,
+each device's times from its own rank's reference steps, as two cores of a shared VM need not be
+equally fast at a given minute: ``step_time_interleaved_s`` and ``sim_relative_error_interleaved`` beside ``step_time_s``,
 ``measured_reference_step_s`` the reference steps' mean length.  A profile taken minutes
 before the run sees another machine when the machine's speed drifts (``python -m
 harness.calibrate --drift``: tens of percent on a shared VM); one interleaved with the measured
@@ -1101,7 +1102,7 @@ class RealRun:
         meas = extras["measured_step_time_s"]
         extras["sim_relative_error"] = (res.step_time_s / meas - 1.0) if meas > 0 else None
         if len(m.reference_s):
-            t = interleaved_step_time(graph, strategy, cluster, costs, job, m.reference_s, self.order)
+            t = interleaved_step_time(graph, strategy, cluster, costs, job, m.reference_s, self.order, m.reference_rank)
             extras["step_time_interleaved_s"] = t
             extras["sim_relative_error_interleaved"] = (t / meas - 1.0) if (t is not None and meas > 0) else None
         res.extras = {**getattr(res, "extras", {}), **extras}
@@ -1111,22 +1112,25 @@ class RealRun:
 # ---------------------------------------------------------------------------- interleaved profile
 class RunProfileCosts:
     """A cost model whose compute times for one graph are those profiled in situ between a
-    real run's measured steps (``sim.interleave_profile``); everything else - other graphs or
-    fractions, transfers, all-reduce, memory - is the plan's own cost model's."""
+    real run's measured steps (``sim.interleave_profile``), per device (``times[d]``: what rank
+    d measured on its own cores); everything else - other graphs or fractions, transfers,
+    all-reduce, memory - is the plan's own cost model's."""
 
     def __init__(self, base: CostModel, graph: OpGraph, fraction: float, times: np.ndarray) -> None:
-        self.base, self.graph, self.fraction, self.times = base, graph, float(fraction), np.asarray(times, dtype=np.float64)
+        self.base, self.graph, self.fraction = base, graph, float(fraction)
+        self.times = np.atleast_2d(np.asarray(times, dtype=np.float64))  # [devices or 1, nodes]
         self.cluster = base.cluster
 
     def node_times(self, graph: Any, device: int, fraction: float = 1.0) -> np.ndarray:
         if graph is not self.graph:
             return self.base.node_times(graph, device, fraction)
+        own = self.times[device if device < len(self.times) else 0]
         if abs(float(fraction) - self.fraction) < 1e-9:
-            return self.times
+            return own
         t = self.base.node_times(graph, device, fraction)
         # a replicated node (a weight's update) does the same work at every batch size: data
         # parallelism asks for it at fraction 1 and the reference ran it at 1/k
-        return np.where(graph.batch_role == REPLICATED, self.times, t)
+        return np.where(graph.batch_role == REPLICATED, own, t)
 
     def compute_time(self, graph: Any, node: int, device: int, fraction: float = 1.0) -> float:
         return float(self.node_times(graph, device, fraction)[node])
@@ -1138,24 +1142,29 @@ class RunProfileCosts:
 
 
 def interleaved_step_time(graph: Any, strategy: Strategy, cluster: Cluster, costs: CostModel, job: Job, reference_s: np.ndarray,
-                          order: str = "strict") -> float | None:
+                          order: str = "strict", reference_rank: np.ndarray | None = None) -> float | None:
     """The simulated step of the plan with its ops' times profiled *during* the real run:
-    each node's median over the reference steps the ranks ran between their measured steps
-    (:func:`harness.profile.in_situ_step` on the executed graph), summed per plan node when
-    the plan is coarser.  A shared machine's speed moves by tens of percent between minutes
+    on each device, each node's median over the reference steps its rank ran between the
+    measured steps (:func:`harness.profile.in_situ_step` on the executed graph; all ranks'
+    steps where ``reference_rank`` is not given or a rank ran none), summed per plan node when
+    the plan is coarser.  Per rank, because the two cores of a shared VM need not be equally
+    fast at a given minute.  A shared machine's speed moves by tens of percent between minutes
     (``python -m harness.calibrate --drift``); a profile interleaved with the measured steps
     sees the same machine they do.  None where the executed graph does not map onto the
     plan's (a layer-graph plan)."""
-    if not isinstance(graph, OpGraph) or not len(reference_s):
+    ref = np.asarray(reference_s, dtype=np.float64)
+    if not isinstance(graph, OpGraph) or not len(ref):
         return None
-    t = np.median(np.asarray(reference_s, dtype=np.float64), axis=0)
-    if len(t) != graph.num_nodes:
+    everyone = np.median(ref, axis=0)
+    rank = np.asarray(reference_rank) if reference_rank is not None else np.full(len(ref), -1)
+    t = np.vstack([np.median(ref[rank == d], axis=0) if (rank == d).any() else everyone for d in range(cluster.num_devices)])
+    if t.shape[1] != graph.num_nodes:
         grp = job.ref_group
-        if grp is None or len(grp) != len(t) or int(np.max(grp)) + 1 != graph.num_nodes:
+        if grp is None or len(grp) != t.shape[1] or int(np.max(grp)) + 1 != graph.num_nodes:
             return None
-        t = np.bincount(np.asarray(grp), weights=t, minlength=graph.num_nodes)
+        t = np.vstack([np.bincount(np.asarray(grp), weights=row, minlength=graph.num_nodes) for row in t])
     if getattr(costs, "free_ops", "measured") == "zero":
-        t = np.where(graph.free, 0.0, t)
+        t = np.where(graph.free[None, :], 0.0, t)
     return simulate(graph, strategy, cluster, RunProfileCosts(costs, graph, job.ref_fraction, t), order).step_time_s
 
 
@@ -1461,6 +1470,7 @@ class Measured:
     rank_wait_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean per step waiting for messages / collectives
     rank_faults: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean minor page faults per step
     reference_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [reference steps, nodes] interleaved in-situ profile
+    reference_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [reference steps] the rank that ran each
 
     @property
     def step_time_s(self) -> float:
@@ -1489,6 +1499,8 @@ class Measured:
             "measured_rank_page_faults": self.rank_faults.tolist(),
             "measured_reference_step_s": float(self.reference_s.sum(axis=1).mean()) if len(self.reference_s) else None,
             "measured_reference_steps": int(len(self.reference_s)),
+            "measured_reference_rank_step_s": [float(self.reference_s[self.reference_rank == r].sum(axis=1).mean())
+                                               if (self.reference_rank == r).any() else None for r in range(self.world)],
             "realrun": {
                 "mode": self.mode, "backend": self.backend, "device": self.device, "world_size": self.world,
                 "threads_per_rank": self.threads, "cores": self.cores, "oversubscribed": self.oversubscribed,
@@ -1532,9 +1544,10 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
     per_rank = [np.array([r[key] for r in recs])[:, job.warmup:].mean(axis=1) for key in ("send", "wait", "faults")]
     refs = [np.asarray(r["reference"]) for r in recs if len(r.get("reference", ()))]
     ref = np.concatenate(refs) if refs else np.zeros((0, job.eg.num_nodes))
+    ref_rank = np.concatenate([np.full(len(r.get("reference", ())), r["rank"], dtype=np.int64) for r in recs]) if refs else np.zeros(0, np.int64)
     return Measured(job.mode, job.backend, job.device, job.world, job.threads, job.warmup, job.steps, step, (end - start).mean(axis=1),
                     busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span,
-                    *per_rank, reference_s=ref)
+                    *per_rank, reference_s=ref, reference_rank=ref_rank)
 
 
 def _unguarded_script_hint() -> str:

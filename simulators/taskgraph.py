@@ -335,6 +335,44 @@ def _csr(n: int, keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.nda
     return ptr, vals[order]
 
 
+def _cold_send_s(sh: Shards, t_src: np.ndarray, own: np.ndarray, host: dict) -> np.ndarray:
+    """Extra sender time of each transfer on a host whose sends cost more the longer its core
+    has computed since its previous send (``host_comm: {send_cold_us, send_tau_us}``, measured
+    by ``harness.calibrate``: on the cpu2 VM an ``isend`` costs about 30 us right after another
+    and 100-300 us after milliseconds of compute - the network stack's state has left the
+    caches): ``send_cold_us * (1 - exp(-gap / send_tau_us))``, the gap being the compute time
+    of the shards the device runs (in its schedule order) between the previous producer that
+    sent and this one; the first send of a step counts from the step's start, and a
+    producer's second transfer (to another device) follows its first at once.  Zero without
+    those keys."""
+    cold = float(host.get("send_cold_us", 0.0)) * 1e-6
+    out = np.zeros(len(t_src))
+    if cold <= 0.0 or not len(t_src):
+        return out
+    tau = max(float(host.get("send_tau_us", 1.0)) * 1e-6, 1e-12)
+    m = len(sh.node)
+    seq = np.lexsort((np.arange(m), sh.prio, sh.dev))  # each device's shards in schedule order
+    dev_sorted = sh.dev[seq]
+    comp = sh.dur if getattr(sh, "is_coll", None) is None else np.where(sh.is_coll, 0.0, sh.dur)  # a collective is no compute
+    cum = np.cumsum(comp[seq])
+    first = np.r_[True, dev_sorted[1:] != dev_sorted[:-1]]
+    base = np.maximum.accumulate(np.where(first, cum - comp[seq], -np.inf))  # cum at each device's start
+    end_at = np.empty(m)
+    end_at[seq] = cum - base  # compute time from the device's start to the end of each shard
+    pos = np.empty(m, dtype=np.int64)
+    pos[seq] = np.arange(m)
+    idx = np.flatnonzero(own)
+    srcs = t_src[idx]
+    order = np.lexsort((idx, pos[srcs]))  # sends in schedule order (device-major, as ``seq``)
+    sidx, s_src = idx[order], srcs[order]
+    s_dev, s_end = sh.dev[s_src], end_at[s_src]
+    new_dev = np.r_[True, s_dev[1:] != s_dev[:-1]]
+    prev_end = np.where(new_dev, 0.0, np.r_[0.0, s_end[:-1]])
+    gap = np.maximum(s_end - prev_end, 0.0)  # a producer's second transfer: gap 0
+    out[sidx] = cold * (1.0 - np.exp(-gap / tau))
+    return out
+
+
 def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: CostModel) -> TaskGraph:
     """Expand a validated strategy into the engine's task graph."""
     sh = make_shards(graph, strategy, cluster, costs)
@@ -398,7 +436,7 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
         # producer runs on, the receiver's before the first reader (in order) can start
         cpu_s = float(host["per_message_us"]) * 1e-6 + t_bytes / (float(host["copy_GBps"]) * 1e9)
         own = ~sh.is_coll[t_src]  # a collective's result is sent by its members' communicators
-        np.add.at(dur, t_src[own], cpu_s[own])
+        np.add.at(dur, t_src[own], (cpu_s + _cold_send_s(sh, t_src, own, host))[own])
         rcv = sh.e_dst[remote]
         by_order = np.lexsort((rcv, sh.prio[rcv], inv))
         head = np.flatnonzero(np.concatenate([[True], inv[by_order][1:] != inv[by_order][:-1]]))

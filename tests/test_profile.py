@@ -182,6 +182,20 @@ def test_profile_command(tmp_path):
     assert sorted(pd.read_parquet(files[0])["batch_size"].unique()) == [2, 4]
 
 
+def test_send_after_gap_fit_recovers_a_saturating_cost():
+    """``fit_send_gap``: medians per gap fitted to hot + cold (1 - exp(-gap / tau)); a flat
+    sweep gives no cold part."""
+    import math
+
+    from harness.calibrate import SEND_GAPS, fit_send_gap
+
+    curve = {str(g): [30e-6 + 200e-6 * (1 - math.exp(-g / 2e-3)) + d for d in (-1e-6, 0.0, 1e-6)] for g in SEND_GAPS}
+    hot, cold, tau = fit_send_gap(curve)
+    assert hot == pytest.approx(30e-6, rel=0.05) and cold == pytest.approx(200e-6, rel=0.05) and tau == pytest.approx(2e-3, rel=0.1)
+    hot, cold, _ = fit_send_gap({str(g): [50e-6] for g in SEND_GAPS})
+    assert hot == pytest.approx(50e-6) and cold == pytest.approx(0.0, abs=1e-9)
+
+
 def test_calibration_yaml_builds_a_cluster():
     from hydra.utils import instantiate
 
@@ -196,6 +210,11 @@ def test_calibration_yaml_builds_a_cluster():
     c = instantiate({**clu, "device": dev}, _convert_="all")
     assert c.num_devices == 2 and c.devices[0].spec.kind == KIND and abs(c.route_lat[0, 1] - 50e-6) < 1e-9
     assert c.meta["collective"] == {"lat_us": 400.0, "bw_GBps": 2.0} and c.meta["host_comm"] == {"per_message_us": 80.0, "copy_GBps": 4.0}
+    # with the send-after-gap sweep: its fit goes into host_comm, its medians into the comment
+    gaps = {"5e-05": [3e-5, 3.2e-5], "0.002": [1e-4], "0.02": [2.3e-4]}
+    text = cluster_yaml({**link, "send_gap_s": gaps, "send_hot_s": 3e-5, "send_cold_s": 2e-4, "send_tau_s": 5e-3}, 1, "today")
+    assert "0.05, 2, 20 ms of matmuls took (median) 31, 100, 230 us" in text
+    assert yaml.safe_load(text)["host_comm"] == {"per_message_us": 80.0, "copy_GBps": 4.0, "send_cold_us": 200.0, "send_tau_us": 5000}
     # the committed cpu2 preset composes
     from experiments.common import compose
 

@@ -297,12 +297,15 @@ def test_interleaved_profile_is_taken_between_the_measured_steps(fast_cases, mod
     c = fast_cases[(model, "round_robin@layer")]
     m, job, plan = c["measured"], c["job"], c["plan"]
     assert job.interleave_profile and m.reference_s.shape == (m.steps, job.eg.num_nodes)
+    # the ranks take turns (step s: rank s mod 2; warm-up steps dropped), each on its own cores
+    assert m.reference_rank.tolist() == [s % 2 for s in range(m.warmup, m.warmup + m.steps)]
     assert (m.reference_s >= 0).all() and m.reference_s.sum() > 0
     assert plan.graph.num_nodes < job.eg.num_nodes  # coarse nodes of aten runs
     t = interleaved_step_time(plan.graph, plan.strategy, c["cluster"], c["costs"], job, m.reference_s)
     assert t is not None and t > 0
     assert m.summary()["measured_reference_steps"] == m.steps
     assert m.summary()["measured_reference_step_s"] == pytest.approx(float(m.reference_s.sum()) / m.steps)
+    assert len(m.summary()["measured_reference_rank_step_s"]) == 2
 
 
 def test_interleaved_step_time_uses_the_reference_times_of_the_plan_nodes():
@@ -342,6 +345,20 @@ def test_interleaved_step_time_uses_the_reference_times_of_the_plan_nodes():
         assert slower > want, (algo_name, gran)
     # a layer-graph plan has no per-op times to take: no interleaved figure
     assert interleaved_step_time(src.layer_graph(), plan.strategy, cluster, costs, job, ref) is None
+    # each device takes its own rank's reference steps: a plan on device 0 sees rank 0's times
+    src, cluster, costs, algo, sim, cfg = _setup("lenet5", "single_device")
+    sim.bind(src, 0, {"granularity": "aten", "optimizer": "sgd", "batch_probe": True})
+    sim.interleave_profile = True
+    g = src.op_graph(keep_fx=True)
+    plan = algo.plan(g, cluster, costs)
+    job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices)
+    base = costs.node_times(plan.graph, 0)
+    want = simulate(plan.graph, plan.strategy, cluster, costs).step_time_s
+    two = np.vstack([base, 3 * base])
+    assert interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, two, reference_rank=np.array([0, 1])) == pytest.approx(want)
+    assert interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, two, reference_rank=np.array([1, 0])) == pytest.approx(3 * want)
+    # without ranks (or for a rank that ran none) the median over all reference steps
+    assert interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, two) == pytest.approx(2 * want)
 
 
 # ---------------------------------------------------------------------------- refusals (no processes)

@@ -144,6 +144,31 @@ def test_host_comm_charges_a_transfer_to_both_endpoints_compute():
     assert a.dur[tr[0]] == pytest.approx(100e-6 + 4_000_000 / 1e9) and b.dur[tr[0]] > 0
 
 
+def test_cold_sends_cost_the_sender_by_the_compute_since_its_previous_send():
+    """host_comm.send_cold_us / send_tau_us: a producer that sends pays cold (1 - exp(-gap / tau))
+    more, the gap being its device's compute (in schedule order) since the previous producer
+    that sent, from the step's start for the first; a producer's second transfer pays nothing
+    more (``_cold_send_s`` on hand-made shards: device 0 runs a 1 ms, b 2 ms (sends), c 3 ms,
+    d 1 ms (sends to two devices), device 1 runs e 0.5 ms (sends))."""
+    from types import SimpleNamespace
+
+    from simulators.taskgraph import _cold_send_s
+
+    sh = SimpleNamespace(node=np.arange(5), dev=np.array([0, 0, 0, 0, 1]), prio=np.array([0, 1, 2, 3, 0]),
+                         dur=np.array([1e-3, 2e-3, 3e-3, 1e-3, 0.5e-3]))
+    t_src = np.array([3, 1, 4, 3])  # transfers: d -> dev 1, b -> dev 1, e -> dev 0, d -> dev 2
+    own = np.ones(4, dtype=bool)
+    host = {"per_message_us": 100.0, "copy_GBps": 1.0, "send_cold_us": 200.0, "send_tau_us": 2000.0}
+    got = _cold_send_s(sh, t_src, own, host)
+    cold = lambda gap: 200e-6 * (1 - np.exp(-gap / 2e-3))  # noqa: E731
+    gaps = {1: 3e-3, 4: 0.5e-3}
+    want = [cold(4e-3), cold(gaps[1]), cold(gaps[4]), 0.0]  # d's first transfer (in transfer order) pays
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    # a collective's result is sent by its members' communicators: not charged; no keys, no charge
+    assert _cold_send_s(sh, t_src, np.array([False, True, True, False]), host)[[0, 3]].tolist() == [0.0, 0.0]
+    assert not _cold_send_s(sh, t_src, own, {"per_message_us": 100.0, "copy_GBps": 1.0}).any()
+
+
 def test_measured_collective_replaces_the_links_in_the_ring_formula():
     from harness.cluster import build_cluster
     from tests.conftest import DEVICE
