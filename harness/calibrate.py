@@ -199,6 +199,17 @@ def _message_cpu(rank: int, peer: int, n_msg: int, reps: int, numel: int = 64) -
     return max(0.0, (talking - alone) / n_msg / 2)
 
 
+def _matmul_s(a: Any, b: Any, n: int = 50) -> float:
+    """Seconds of one ``torch.mm(a, b)``, the mean of ``n``: the unit of the compute stretches
+    the message measurements put between sends."""
+    import torch
+
+    t0 = time.perf_counter()
+    for _ in range(n):
+        torch.mm(a, b)
+    return (time.perf_counter() - t0) / n
+
+
 #: compute between two sends of the gap sweep (seconds) and the message sizes it sends (bytes)
 SEND_GAPS = [5e-5, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2]
 SEND_GAP_SIZES = [4096, 262144]
@@ -214,10 +225,7 @@ def _send_after_gap(rank: int, peer: int, rounds: int, n_msg: int = 24) -> dict[
     import torch.distributed as dist
 
     a, b = torch.randn(96, 96), torch.randn(96, 96)
-    t0 = time.perf_counter()
-    for _ in range(50):
-        torch.mm(a, b)
-    mm = (time.perf_counter() - t0) / 50
+    mm = _matmul_s(a, b)
     out: dict[str, list[float]] = {str(g): [] for g in SEND_GAPS}
     for _ in range(rounds):
         for size in SEND_GAP_SIZES:
@@ -275,10 +283,7 @@ def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005, early:
     import torch.distributed as dist
 
     a, b = torch.randn(96, 96), torch.randn(96, 96)
-    t0 = time.perf_counter()
-    for _ in range(50):
-        torch.mm(a, b)
-    n_mm = max(1, int(after_s / ((time.perf_counter() - t0) / 50)))
+    n_mm = max(1, int(after_s / _matmul_s(a, b)))
     stamp = torch.zeros(1, dtype=torch.float64)
     out = []
     for _ in range(reps):

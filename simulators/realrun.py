@@ -1118,13 +1118,13 @@ class RunProfileCosts:
 
     def __init__(self, base: CostModel, graph: OpGraph, fraction: float, times: np.ndarray) -> None:
         self.base, self.graph, self.fraction = base, graph, float(fraction)
-        self.times = np.atleast_2d(np.asarray(times, dtype=np.float64))  # [devices or 1, nodes]
+        self.times = np.asarray(times, dtype=np.float64)  # [devices, nodes]
         self.cluster = base.cluster
 
     def node_times(self, graph: Any, device: int, fraction: float = 1.0) -> np.ndarray:
         if graph is not self.graph:
             return self.base.node_times(graph, device, fraction)
-        own = self.times[device if device < len(self.times) else 0]
+        own = self.times[device]
         if abs(float(fraction) - self.fraction) < 1e-9:
             return own
         t = self.base.node_times(graph, device, fraction)
@@ -1542,9 +1542,8 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
     span = end.max(axis=0) - start.min(axis=0) if one_host else step
     _, over = rank_cores(job.world, job.threads)
     per_rank = [np.array([r[key] for r in recs])[:, job.warmup:].mean(axis=1) for key in ("send", "wait", "faults")]
-    refs = [np.asarray(r["reference"]) for r in recs if len(r.get("reference", ()))]
-    ref = np.concatenate(refs) if refs else np.zeros((0, job.eg.num_nodes))
-    ref_rank = np.concatenate([np.full(len(r.get("reference", ())), r["rank"], dtype=np.int64) for r in recs]) if refs else np.zeros(0, np.int64)
+    ref = np.concatenate([r["reference"] for r in recs])  # each rank's [its reference steps, nodes]
+    ref_rank = np.concatenate([np.full(len(r["reference"]), r["rank"], dtype=np.int64) for r in recs])
     return Measured(job.mode, job.backend, job.device, job.world, job.threads, job.warmup, job.steps, step, (end - start).mean(axis=1),
                     busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span,
                     *per_rank, reference_s=ref, reference_rank=ref_rank)

@@ -353,7 +353,7 @@ def _cold_send_s(sh: Shards, t_src: np.ndarray, own: np.ndarray, host: dict) -> 
     m = len(sh.node)
     seq = np.lexsort((np.arange(m), sh.prio, sh.dev))  # each device's shards in schedule order
     dev_sorted = sh.dev[seq]
-    comp = sh.dur if getattr(sh, "is_coll", None) is None else np.where(sh.is_coll, 0.0, sh.dur)  # a collective is no compute
+    comp = np.where(sh.is_coll, 0.0, sh.dur)  # a collective is no compute of its anchor device
     cum = np.cumsum(comp[seq])
     first = np.r_[True, dev_sorted[1:] != dev_sorted[:-1]]
     base = np.maximum.accumulate(np.where(first, cum - comp[seq], -np.inf))  # cum at each device's start

@@ -155,7 +155,7 @@ def test_cold_sends_cost_the_sender_by_the_compute_since_its_previous_send():
     from simulators.taskgraph import _cold_send_s
 
     sh = SimpleNamespace(node=np.arange(5), dev=np.array([0, 0, 0, 0, 1]), prio=np.array([0, 1, 2, 3, 0]),
-                         dur=np.array([1e-3, 2e-3, 3e-3, 1e-3, 0.5e-3]))
+                         dur=np.array([1e-3, 2e-3, 3e-3, 1e-3, 0.5e-3]), is_coll=np.zeros(5, dtype=bool))
     t_src = np.array([3, 1, 4, 3])  # transfers: d -> dev 1, b -> dev 1, e -> dev 0, d -> dev 2
     own = np.ones(4, dtype=bool)
     host = {"per_message_us": 100.0, "copy_GBps": 1.0, "send_cold_us": 200.0, "send_tau_us": 2000.0}
