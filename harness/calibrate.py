@@ -35,7 +35,11 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   ``gap`` seconds of matmuls before each ``isend`` of 4 KiB or 256 KiB; the medians per gap,
   fitted to ``hot + cold (1 - exp(-gap / tau))``: cpu2's ``host_comm: {send_cold_us,
   send_tau_us}``, the extra a sender pays beyond ``per_message_us`` (which was measured with
-  sends every few hundred microseconds).
+  sends every few hundred microseconds);
+* (reported; the simulator uses it only with ``host_comm.recv_when: busy``) what a receive
+  costs a rank that waited for it: two ranks relay a small message with a short op before
+  each send, against a plain relay plus the op timed alone (:func:`_relay_cpu`), the
+  ``recv_idle_us`` of that model.
 
 ``python -m harness.calibrate --drift SECONDS`` measures instead how much this machine's speed
 moves over time (:func:`drift`): what bounds any comparison of a simulated step with a
@@ -154,12 +158,14 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
                 coll[size].append(stream(r, t, "allreduce") / r)
         msg_cpu = [_message_cpu(rank, peer, n_msg=64, reps=5) for _ in range(rounds)]
         big_cpu = [_message_cpu(rank, peer, n_msg=32, reps=5, numel=BIG_MSG // 4) for _ in range(rounds)]
+        relay = [_relay_cpu(rank, peer, n_hops=200, reps=5) for _ in range(rounds)]
         busy = {"late": _busy_sender(rank, peer, reps=20 * rounds, early=False), "early": _busy_sender(rank, peer, reps=20 * rounds)}
         gaps = _send_after_gap(rank, peer, rounds)
     if rank == 0:
         Path(out).write_text(json.dumps({"p2p": {s: statistics.fmean(v) for s, v in p2p.items()},
                                          "allreduce": {s: statistics.fmean(v) for s, v in coll.items()},
-                                         "msg_cpu_s": statistics.fmean(msg_cpu), "big_msg_cpu_s": statistics.fmean(big_cpu)}))
+                                         "msg_cpu_s": statistics.fmean(msg_cpu), "big_msg_cpu_s": statistics.fmean(big_cpu),
+                                         "recv_idle_s": statistics.fmean(relay)}))
     if rank == 1:
         Path(out + ".busy").write_text(json.dumps(busy))
     else:
@@ -197,6 +203,56 @@ def _message_cpu(rank: int, peer: int, n_msg: int, reps: int, numel: int = 64) -
     alone = statistics.median(loop(False) for _ in range(reps))
     talking = statistics.median(loop(True) for _ in range(reps))
     return max(0.0, (talking - alone) / n_msg / 2)
+
+
+def _relay_cpu(rank: int, peer: int, n_hops: int, reps: int) -> float:
+    """What a receive costs a rank that waited for it: the two ranks relay a small message
+    back and forth ``n_hops`` times (receives posted up front, as ``sim=realrun`` posts them),
+    plainly and with a short op (three 64 x 64 matmuls) before each send, as a chain of ops
+    split across two ranks does; the op's own time (timed alone) taken out of the difference,
+    the rest per hop is what the woken rank's op pays for the receive that woke it (gloo's
+    receiving thread shares its core and its caches): ``host_comm.recv_idle_us``."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    msg = torch.ones(16)
+
+    def op() -> None:
+        for _ in range(3):
+            torch.mm(a, b)
+
+    def relay(with_op: bool) -> float:
+        mine = [j for j in range(n_hops) if j % 2 != rank]  # hop j is sent by rank j % 2
+        hs = {j: dist.irecv(torch.empty(16), peer, tag=j) for j in mine}
+        sent = []
+        dist.barrier()
+        t0 = time.perf_counter()
+        for j in range(n_hops):
+            if j % 2 == rank:
+                if with_op:
+                    op()
+                sent.append(dist.isend(msg, peer, tag=j))
+            else:
+                hs[j].wait()
+        t = time.perf_counter() - t0
+        for h in sent:
+            h.wait()
+        return t / n_hops
+
+    def op_alone() -> float:
+        t0 = time.perf_counter()
+        for _ in range(200):
+            op()
+        return (time.perf_counter() - t0) / 200
+
+    relay(False), relay(True), op_alone()
+    plain, with_op, alone = [], [], []
+    for _ in range(reps):
+        plain.append(relay(False))
+        with_op.append(relay(True))
+        alone.append(op_alone())
+    return max(0.0, statistics.median(with_op) - statistics.median(plain) - statistics.median(alone))
 
 
 def _matmul_s(a: Any, b: Any, n: int = 50) -> float:
@@ -375,6 +431,7 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
     big = sizes >= COLL_FIT_MIN
     a, b = _fit(sizes[big], np.array(list(res["allreduce"].values()))[big])
     return {"lat_s": lat, "bw_Bps": 1.0 / inv_bw, "coll_lat_s": a / 2, "coll_bw_Bps": 1.0 / b, "spin_idle": spin, "msg_cpu_s": res["msg_cpu_s"],
+            "recv_idle_s": res["recv_idle_s"],
             "busy_sender_mean_s": statistics.fmean(busy["early"]), "busy_sender_median_s": statistics.median(busy["early"]),
             "busy_sender_late_mean_s": statistics.fmean(busy["late"]), "busy_sender_late_median_s": statistics.median(busy["late"]),
             "copy_cpu_Bps": BIG_MSG / max(res["big_msg_cpu_s"] - res["msg_cpu_s"], 1e-9),
@@ -411,13 +468,19 @@ def _send_gap_comment(link: dict[str, Any]) -> str:
     return f"""# A send costs more the longer its rank computed since its previous send: isend of 4 KiB and 256 KiB after
 # {", ".join(f"{float(g) * 1e3:g}" for g in gaps)} ms of matmuls took (median) {", ".join(f"{statistics.median(v) * 1e6:.0f}" for v in gaps.values())} us;
 # fitted to hot + cold (1 - exp(-gap / tau)): hot {link["send_hot_s"] * 1e6:.0f} us, cold {link["send_cold_s"] * 1e6:.0f} us, tau {link["send_tau_s"] * 1e6:.0f} us.
-# The simulator adds cold (1 - exp(-gap / tau)) to each send's per_message_us (send_cold_us, send_tau_us).
+# The simulator adds cold (1 - exp(-gap / tau)) to each send's cost (send_cold_us, send_tau_us).
 """
 
 
 def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
     lat, bw, clat, cbw = link["lat_s"], link["bw_Bps"], link["coll_lat_s"], link["coll_bw_Bps"]
     cold = f", send_cold_us: {link['send_cold_s'] * 1e6:.1f}, send_tau_us: {link['send_tau_s'] * 1e6:.0f}" if "send_cold_s" in link else ""
+    relay = (f"""# A receiver that waited for its message pays {link['recv_idle_s'] * 1e6:.1f} us in the op after the wait: two ranks relaying a
+# message with three 64x64 matmuls before each send took that much per hop more than a plain relay plus the matmuls.
+# The simulator's host_comm.recv_when: busy charges it (recv_idle_us) instead of per_message_us to a receiver that
+# waited, and per_message_us only to one that computes when the message arrives; cpu2 keeps recv_when: always, which
+# fitted the real runs better (results/sim_accuracy/README.md).
+""" if "recv_idle_s" in link else "")
     ar = ", ".join(f"{int(s) // 1024} KiB {t * 1e6:.0f} us" for s, t in link["allreduce_s"].items() if int(s) >= 65536)
     spin = "with" if link.get("spin_idle", True) else "without"
     return f"""# cpu2: two CPU devices of {threads} core(s) each on this machine - the cluster the real-run
@@ -434,7 +497,7 @@ def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
 # host_comm: what a transfer costs each endpoint's core in compute (gloo's sends and receives are
 # CPU copies on the ranks' own cores): both ranks run a matmul loop alone and while exchanging
 # small and 1 MiB messages; slowdown per message and side {link["msg_cpu_s"] * 1e6:.1f} us, bytes at {link["copy_cpu_Bps"] / 1e9:.2f} GB/s.
-{_send_gap_comment(link)}# Not modelled: a small message posted by a rank that goes on computing arrives after
+{relay}{_send_gap_comment(link)}# Not modelled: a small message posted by a rank that goes on computing arrives after
 # {link.get("busy_sender_mean_s", float("nan")) * 1e6:.0f} us on average (median {link.get("busy_sender_median_s", float("nan")) * 1e6:.0f} us) with its receive posted before the step, as
 # sim=realrun does; {link.get("busy_sender_late_mean_s", float("nan")) * 1e6:.0f} us (median {link.get("busy_sender_late_median_s", float("nan")) * 1e6:.0f} us) posted later (sim.early_recv=false).
 defaults:
@@ -490,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
           "when it was posted while the sender computes")
     print(f"isend after a gap of compute: {', '.join(f'{float(g) * 1e3:g} ms {statistics.median(v) * 1e6:.0f} us' for g, v in link['send_gap_s'].items())}; "
           f"fit hot {link['send_hot_s'] * 1e6:.0f} us + cold {link['send_cold_s'] * 1e6:.0f} us (1 - exp(-gap / {link['send_tau_s'] * 1e6:.0f} us))")
+    print(f"a message's compute cost: {link['msg_cpu_s'] * 1e6:.1f} us per side to busy ranks; {link['recv_idle_s'] * 1e6:.1f} us "
+          "to a receiver that waited for it (in its next op)")
     for s, t in link["p2p_s"].items():
         print(f"  {int(s):>10} B  one-way {t * 1e6:9.1f} us   all-reduce {link['allreduce_s'][s] * 1e6:9.1f} us")
     kind = device_name("cpu", a.threads)

@@ -211,3 +211,32 @@ def write_outputs(result: Result, outdir: Path, cfg: Any) -> None:
         r = result.row
         plot_gantt(result.sim, outdir / "gantt.png",
                    title=f"{r['model']} / {r['algo']} / {r['cluster']}: step {format_seconds(r['step_time_s'])}")
+    tl = getattr(result.sim, "measured_timeline", None)
+    if tl is not None:
+        write_measured_trace(tl, outdir / "measured_trace.csv")
+        if out.get("gantt", True):
+            from simulators.gantt import plot_measured_gantt
+
+            r = result.row
+            plot_measured_gantt(result.sim, outdir / "gantt_measured.png",
+                                title=f"{r['model']} / {r['algo']} / {r['cluster']}: simulated {format_seconds(r['step_time_s'])}")
+
+
+def write_measured_trace(tl: dict[str, Any], path: Path) -> None:
+    """``measured_trace.csv``: a real run's events (sim=realrun with sim.trace), one row each:
+    rank, kind (op, send, recv_wait, allreduce_wait, drain), id (node or message tag), node and
+    phase (ops), mean start, end and duration in seconds over the measured steps."""
+    import csv
+
+    from harness.graph import PHASES
+    from simulators.realrun import TRACE_KINDS, TRACE_OP
+
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["rank", "kind", "id", "node", "phase", "start_s", "end_s", "duration_s"])
+        for q in range(len(tl["rank"])):
+            k, i = int(tl["kind"][q]), int(tl["id"][q])
+            op = k == TRACE_OP
+            ph = int(tl["node_phase"][i]) if op else -1
+            w.writerow([int(tl["rank"][q]), TRACE_KINDS[k], i, tl["node_name"][i] if op else "", PHASES[ph] if ph >= 0 else "",
+                        f"{tl['start_s'][q]:.9f}", f"{tl['end_s'][q]:.9f}", f"{tl['duration_s'][q]:.9f}"])

@@ -6,6 +6,10 @@
 * A transfer (or collective) holds every link of its route for its whole duration; links
   serve transfers first come, first served, so transfers that share a link contend.
   A transfer is queued when its producer finishes and starts once all its links are free.
+* A transfer with a ``steal`` time (CPU devices whose receiving thread shares the core,
+  ``host_comm.recv_when: busy``) that arrives while its destination device computes
+  lengthens that compute task by it: the receive preempted the op.  Arriving at an idle
+  device it costs nothing more (the link's latency holds the wake-up).
 * Events are kept in a heap of ``(time, task id)``: ties are broken by task id, so the
   same input gives the same timeline bit for bit.
 * Memory: a compute task allocates its output buffer when it starts, a transfer its
@@ -57,6 +61,10 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
     res_idx = tg.res_idx.tolist()
     remaining = tg.indeg.tolist()
     prio = tg.prio.tolist()
+    dst = tg.dst.tolist()
+    steal = tg.steal.tolist() if tg.steal is not None and len(tg.steal) and tg.steal.any() else None
+    running = [-1] * num_devices
+    stolen = [0.0] * num_devices
 
     start = [0.0] * T
     end = [-1.0] * T  # stays negative for a task that never ran
@@ -114,6 +122,7 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
                         continue
                     s = pop(dev_heap[dd])[1]
                 busy[dd] = True
+                running[dd] = s
                 start[s] = now
                 e = now + dur[s]
                 end[s] = e
@@ -142,6 +151,7 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
                 nxt = pop(dev_heap[d])[1]
             if nxt >= 0:
                 busy[d] = True
+                running[d] = nxt
                 start[nxt] = now
                 e = now + dur[nxt]
                 end[nxt] = e
@@ -151,6 +161,10 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
         # -- next event: task t finishes at `now`
         now, t = pop(heap)
         if is_comp[t]:
+            if now != end[t]:  # lengthened by a receive since this event was pushed
+                succ = []
+                d = -1
+                continue
             d = dev[t]
             busy[d] = False
             if strict:
@@ -161,6 +175,14 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
         else:
             d = -1
             cp_end = cp[t]
+            if steal is not None and steal[t] > 0.0:
+                dd = dst[t]
+                if busy[dd]:
+                    c = running[dd]
+                    e = end[c] + steal[t]
+                    end[c] = e
+                    stolen[dd] += steal[t]
+                    push(heap, (e, c))
         succ = succ_idx[succ_ptr[t]:succ_ptr[t + 1]]
 
     start_a = np.asarray(start)
@@ -171,7 +193,7 @@ def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict") -
             f"simulation stopped with {len(not_run)} of {T} tasks not run (first waiting task {int(not_run[0])}): "
             "the schedule order deadlocks or the task graph has a cycle"
         )
-    busy_time = np.bincount(tg.dev[comp_mask], weights=tg.dur[comp_mask], minlength=num_devices)
+    busy_time = np.bincount(tg.dev[comp_mask], weights=tg.dur[comp_mask], minlength=num_devices) + np.asarray(stolen)
     owner = np.repeat(np.arange(T), np.diff(tg.res_ptr))
     link_busy = np.bincount(tg.res_idx, weights=tg.dur[owner], minlength=num_links) if len(owner) else np.zeros(num_links)
     cp_a = np.asarray(cp)

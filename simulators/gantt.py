@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,24 +14,17 @@ from simulators.taskgraph import COMPUTE
 #: grey levels that stay apart in black and white, plus hatching for communication
 PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "update": "#55a868"}
 COMM_COLOR = "#8c8c8c"
+SEND_COLOR = "#222222"
+WAIT_COLOR = "#e0e0e0"
 
 
-def plot_gantt(sim: SimResult, path: str | Path, max_links: int = 16, title: str | None = None) -> None:
-    """Draw devices (compute tasks coloured by phase) and the ``max_links`` busiest links."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
+def _draw_sim(ax: Any, sim: SimResult, max_links: int, scale: float) -> list[str]:
+    """The simulated step's device rows (compute by phase) and its busiest links: the row labels."""
     tg, tl, cl = sim.taskgraph, sim.timeline, sim.cluster
     D = cl.num_devices
     busy = tl.link_busy
     links = [int(l) for l in np.argsort(-busy, kind="stable")[:max_links] if busy[l] > 0]
     links.sort()
-    rows = D + len(links)
-    scale, unit = (1e3, "ms") if sim.step_time_s < 10 else (1.0, "s")
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.35 * rows))
     comp = np.flatnonzero(tg.kind == COMPUTE)
     phase = tg.phase[comp] if tg.phase is not None else sim.graph.phase[tg.node[comp]]
     for p, pname in enumerate(PHASES):
@@ -46,16 +40,93 @@ def plot_gantt(sim: SimResult, path: str | Path, max_links: int = 16, title: str
         ax.broken_barh(list(zip(tl.start[s] * scale, (tl.end[s] - tl.start[s]) * scale)), (D + r - 0.4, 0.8),
                        facecolors=COMM_COLOR, edgecolor="black", linewidth=0.2, hatch="//")
     labels = [dv.name for dv in cl.devices] + [f"{cl.links[l].name} [{cl.links[l].cls}]" for l in links]
-    ax.set_yticks(range(rows), labels, fontsize=7)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
+    return labels
+
+
+def _legend(ax: Any, measured: bool = False) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=c, label=n) for n, c in PHASE_COLORS.items()]
+    handles += [Patch(facecolor=COMM_COLOR, hatch="//", edgecolor="black", label="transfer / all-reduce")]
+    if measured:
+        handles += [Patch(facecolor=SEND_COLOR, label="send call"), Patch(facecolor=WAIT_COLOR, hatch="..", label="waiting")]
+    handles += [plt.Line2D([0], [0], color="black", linestyle=":", label="lower bound")]
+    ax.legend(handles=handles, loc="upper right", fontsize=7, ncol=len(handles))
+
+
+def plot_gantt(sim: SimResult, path: str | Path, max_links: int = 16, title: str | None = None) -> None:
+    """Draw devices (compute tasks coloured by phase) and the ``max_links`` busiest links."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sim.cluster.num_devices + int((sim.timeline.link_busy > 0).sum().clip(max=max_links))
+    scale, unit = (1e3, "ms") if sim.step_time_s < 10 else (1.0, "s")
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.35 * rows))
+    _draw_sim(ax, sim, max_links, scale)
     ax.set_xlabel(f"time ({unit})")
     ax.set_xlim(0, max(sim.step_time_s * scale, 1e-9))
     ax.axvline(sim.lower_bound_s * scale, color="black", linestyle=":", linewidth=1)
-    handles = [Patch(facecolor=c, label=n) for n, c in PHASE_COLORS.items()]
-    handles += [Patch(facecolor=COMM_COLOR, hatch="//", edgecolor="black", label="transfer / all-reduce")]
-    handles += [plt.Line2D([0], [0], color="black", linestyle=":", label="lower bound")]
-    ax.legend(handles=handles, loc="upper right", fontsize=7, ncol=5)
+    _legend(ax)
     ax.set_title(title or f"step {sim.step_time_s * scale:.3g} {unit}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_measured_gantt(sim: SimResult, path: str | Path, max_links: int = 4, title: str | None = None) -> None:
+    """The simulated step (top) above the real run's mean step (``sim=realrun`` with
+    ``sim.trace``, bottom) on one time axis: per rank its op calls by phase, its send calls,
+    and its waits for messages and all-reduces; the gaps are the interpreter's own work
+    (freeing tensors, dispatch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tl = sim.measured_timeline
+    if tl is None:
+        raise ValueError("no measured timeline: run sim=realrun with sim.trace=true")
+    from simulators.realrun import TRACE_OP, TRACE_SEND
+
+    ranks = sorted(set(tl["rank"].tolist())) or [0]
+    end = max(sim.step_time_s, float(tl["end_s"].max(initial=0.0)))
+    scale, unit = (1e3, "ms") if end < 10 else (1.0, "s")
+    n_sim = sim.cluster.num_devices + int((sim.timeline.link_busy > 0).sum().clip(max=max_links))
+    fig, (top, bot) = plt.subplots(2, 1, sharex=True, figsize=(12, 2.0 + 0.35 * (n_sim + len(ranks))),
+                                   gridspec_kw={"height_ratios": [n_sim + 1, len(ranks) + 1]})
+    _draw_sim(top, sim, max_links, scale)
+    top.axvline(sim.lower_bound_s * scale, color="black", linestyle=":", linewidth=1)
+    top.set_title(title or f"simulated {sim.step_time_s * scale:.3g} {unit}", fontsize=9)
+    _legend(top, measured=True)
+    kind, phase = tl["kind"], np.asarray(tl["node_phase"])
+    for row, r in enumerate(ranks):
+        on = tl["rank"] == r
+        ops = on & (kind == TRACE_OP)
+        ph = np.full(len(kind), -1, dtype=np.int64)
+        ph[ops] = phase[tl["id"][ops]]
+        for p, pname in enumerate(PHASES):
+            s = ops & ((ph == p) | ((ph < 0) & (p == 0)))
+            _bars(bot, tl, s, row, PHASE_COLORS[pname], scale)
+        _bars(bot, tl, on & (kind == TRACE_SEND), row, SEND_COLOR, scale)
+        _bars(bot, tl, on & (kind != TRACE_OP) & (kind != TRACE_SEND), row, WAIT_COLOR, scale, hatch="..")
+    bot.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=7)
+    bot.invert_yaxis()
+    meas = sim.extras.get("measured_step_time_s")
+    bot.set_title(f"measured (mean of each event over the steps; mean step {meas * scale:.3g} {unit})" if meas else "measured",
+                  fontsize=9)
+    bot.set_xlabel(f"time ({unit})")
+    bot.set_xlim(0, max(end * scale, 1e-9))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bars(ax: Any, tl: dict[str, Any], sel: np.ndarray, row: int, color: str, scale: float, hatch: str | None = None) -> None:
+    if sel.any():
+        ax.broken_barh(list(zip(tl["start_s"][sel] * scale, (tl["end_s"][sel] - tl["start_s"][sel]) * scale)), (row - 0.4, 0.8),
+                       facecolors=color, edgecolor="none" if hatch is None else "grey", linewidth=0.2, hatch=hatch)

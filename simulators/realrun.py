@@ -133,6 +133,12 @@ from simulators.simulate import SimResult, simulate
 from simulators.taskgraph import _param_home_nodes
 
 
+#: ``sim.trace`` event kinds: an op's call (id = node), a send call (id = message tag), waiting
+#: for a message (tag) or an all-reduce (id = node), the step's last wait for its sends
+TRACE_OP, TRACE_SEND, TRACE_RECV, TRACE_ALLREDUCE, TRACE_DRAIN = range(5)
+TRACE_KINDS = ("op", "send", "recv_wait", "allreduce_wait", "drain")
+
+
 class RealRunError(RuntimeError):
     """A strategy that cannot be executed for real, or a run that failed; the message says why."""
 
@@ -187,6 +193,8 @@ class Job:
     ref_group: Any = None
     #: the fraction of the plan graph's work one ``eg`` node does (1/k under k-way data parallelism)
     ref_fraction: float = 1.0
+    #: record every op, send and wait of the measured steps (``sim.trace``)
+    trace: bool = False
 
 
 class _Emitter:
@@ -248,7 +256,7 @@ class _Emitter:
         args += [f"{k}={self.expr(v, name_of)}" for k, v in ins.kwargs.items()]
         fn = self.target(ins.target)
         if timed:
-            self.lines.append(f"    _t = _pc(); {out} = {fn}({', '.join(args)}); _b += _pc() - _t")
+            self.lines.append(f"    _t = _pc(); {out} = {fn}({', '.join(args)}); _b += _op({i}, _t)")
         else:
             self.lines.append(f"    {out} = {fn}({', '.join(args)})")
         self.nodes += 1
@@ -526,7 +534,7 @@ def dp_program(eg: ExecGraph, order: np.ndarray, roles: np.ndarray, k: int, chan
             inv = None if perm is None else tuple(int(x) for x in np.argsort(perm))
             # reduced in a contiguous buffer (the traced layout, permuted), a private copy when
             # batched consumers still read the local value
-            body.append(f"    g{i} = _own(v{i}, {perm!r}, {not private}); hg{i} = _allreduce(g{i})")
+            body.append(f"    g{i} = _own(v{i}, {perm!r}, {not private}); hg{i} = _allreduce(g{i}, {i})")
             e.pending[f"g{i}"] = f"hg{i}.wait(); g{i}.div_({k})" + ("" if inv is None else f"; g{i} = g{i}.permute({inv!r})")
     epi = [f"    {stmt}" for stmt in e.pending.values()]
     outs = []
@@ -900,6 +908,7 @@ class RealRun:
         early_recv: bool = True,
         steady_malloc: bool = True,
         interleave_profile: bool = False,
+        trace: bool = False,
         **params: Any,
     ) -> None:
         if launcher not in ("spawn", "torchrun", "prepare"):
@@ -920,6 +929,7 @@ class RealRun:
         self.early_recv = bool(early_recv)
         self.steady_malloc = bool(steady_malloc)
         self.interleave_profile = bool(interleave_profile)
+        self.trace = bool(trace)
         self.params = params
         self.source: Any = None
         self.seed = 0
@@ -1082,7 +1092,7 @@ class RealRun:
                    dp, full_batch, collect, self.timeout_s, spin_idle=self.spin_idle and device == "cpu",
                    steady_malloc=self.steady_malloc and device == "cpu",
                    # a channel-parallel layer's ops are not the captured graph's: no profile of them to interleave
-                   interleave_profile=self.interleave_profile and mode != "channel_parallel")
+                   interleave_profile=self.interleave_profile and mode != "channel_parallel", trace=self.trace)
 
     # ------------------------------------------------------------------ run
     def execute(self, graph: Any, strategy: Strategy, num_devices: int, collect: bool = False) -> "Measured":
@@ -1106,7 +1116,24 @@ class RealRun:
             extras["step_time_interleaved_s"] = t
             extras["sim_relative_error_interleaved"] = (t / meas - 1.0) if (t is not None and meas > 0) else None
         res.extras = {**getattr(res, "extras", {}), **extras}
+        if self.trace:
+            res.measured_timeline = {**m.timeline(), **_node_labels(graph, job)}
         return res
+
+
+def _node_labels(graph: Any, job: Job) -> dict[str, Any]:
+    """``node_name`` and ``node_phase`` of every executed node (``job.eg``'s) from the plan graph:
+    the same node, or the coarse (layer-granularity) node it belongs to; for a graph they do not
+    map onto, the executed graph's own targets and phase -1."""
+    n = job.eg.num_nodes
+    names, phase = getattr(graph, "names", None), getattr(graph, "phase", None)
+    if names is not None and phase is not None:
+        if len(names) == n:
+            return {"node_name": list(names), "node_phase": np.asarray(phase, dtype=np.int64)}
+        grp = job.ref_group
+        if grp is not None and len(grp) == n and int(np.max(grp, initial=-1)) < len(names):
+            return {"node_name": [names[g] for g in grp], "node_phase": np.asarray(phase, dtype=np.int64)[grp]}
+    return {"node_name": [ins.target for ins in job.eg.instrs], "node_phase": np.full(n, -1, dtype=np.int64)}
 
 
 # ---------------------------------------------------------------------------- interleaved profile
@@ -1225,29 +1252,42 @@ def _setup_rank(job: Job, rank: int, local_rank: int) -> tuple[Any, Any]:
     return torch.device("cpu"), torch
 
 
-def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, k: int, pos: int = 0) -> tuple[Any, Any, list[float]]:
+def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, k: int, pos: int = 0,
+             trace: list[tuple[int, int, float, float]] | None = None) -> tuple[Any, Any, list[float]]:
     """This rank's ``post(PH, RB)`` (posts the step's early receives, returns their buffers and
     handles), ``step(PH, RB, P)`` and the step's ``[send seconds, wait seconds]`` (summed by
     ``step``, reset by the caller); ``pos`` is its position among the k data-parallel ranks
-    (its batch shard and, with channel parallelism, its slice of the features)."""
+    (its batch shard and, with channel parallelism, its slice of the features).  With a
+    ``trace`` list, every op, send and wait appends ``(kind, id, start, end)`` to it
+    (perf_counter seconds; kinds :data:`TRACE_KINDS`)."""
     import torch
 
     W: list[Any] = []
     pc = time.perf_counter
     acc = [0.0, 0.0]  # this step's seconds in sends, and waiting for messages and collectives
+    rec = trace.append if trace is not None else None
 
     class _Timed:
         """A communication handle whose ``wait`` counts into the step's wait time."""
 
-        __slots__ = ("h",)
+        __slots__ = ("h", "kind", "id")
 
-        def __init__(self, h: Any) -> None:
-            self.h = h
+        def __init__(self, h: Any, kind: int, ident: int) -> None:
+            self.h, self.kind, self.id = h, kind, ident
 
         def wait(self) -> None:
             t = pc()
             self.h.wait()
-            acc[1] += pc() - t
+            t1 = pc()
+            acc[1] += t1 - t
+            if rec is not None:
+                rec((self.kind, self.id, t, t1))
+
+    def _op(i: int, t0: float) -> float:
+        t1 = pc()
+        if rec is not None:
+            rec((TRACE_OP, i, t0, t1))
+        return t1 - t0
 
     def _send(t: Any, dst: int, tag: int, perm: Any = None) -> None:
         t0 = pc()
@@ -1256,10 +1296,13 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
         c = t if t.is_contiguous() else t.contiguous()
         W.append(dist.isend(c, dst, group=pg, tag=tag))
         W.append(c)
-        acc[0] += pc() - t0
+        t1 = pc()
+        acc[0] += t1 - t0
+        if rec is not None:
+            rec((TRACE_SEND, tag, t0, t1))
 
     def _irecv(t: Any, src: int, tag: int) -> Any:
-        return _Timed(dist.irecv(t, src, group=pg, tag=tag))
+        return _Timed(dist.irecv(t, src, group=pg, tag=tag), TRACE_RECV, tag)
 
     def _drain(w: list[Any]) -> None:
         t0 = pc()
@@ -1267,7 +1310,10 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
             if hasattr(x, "wait"):
                 x.wait()
         w.clear()
-        acc[1] += pc() - t0
+        t1 = pc()
+        acc[1] += t1 - t0
+        if rec is not None:
+            rec((TRACE_DRAIN, -1, t0, t1))
 
     def _empty(meta: TensorMeta) -> Any:
         return torch.empty(meta.shape, dtype=getattr(torch, meta.dtype), device=device)
@@ -1281,8 +1327,8 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
             return p
         return p.clone(memory_format=torch.contiguous_format)
 
-    def _allreduce(t: Any) -> Any:
-        return _Timed(dist.all_reduce(t, group=dp_group, async_op=True))
+    def _allreduce(t: Any, i: int) -> Any:
+        return _Timed(dist.all_reduce(t, group=dp_group, async_op=True), TRACE_ALLREDUCE, i)
 
     # channel parallelism: conversions between representations (see ChannelPlan), blocking
     # collectives over the k data-parallel ranks; rows are samples (batch-major), columns features
@@ -1323,7 +1369,7 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
         return t.narrow(1, pos * o, o).contiguous()
 
     ns: dict[str, Any] = {
-        "K": prog.consts, "DEV": device, "_pc": time.perf_counter, "_send": _send, "_irecv": _irecv, "_drain": _drain,
+        "K": prog.consts, "DEV": device, "_pc": time.perf_counter, "_op": _op, "_send": _send, "_irecv": _irecv, "_drain": _drain,
         "_empty": _empty, "_empty_strided": _empty_strided, "_own": _own, "_allreduce": _allreduce,
         "_ag_rows": _ag_rows, "_ag_cols": _ag_cols, "_a2a_lc": _a2a_lc, "_a2a_cl": _a2a_cl, "_ar": _ar, "_rows": _rows, "_cols": _cols,
     }
@@ -1363,7 +1409,9 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
     else:
         PH = initial_state(job.source, job.eg, job.seed, device)
     RB = {j: job.eg.placeholders[j].meta.empty(device) for j in prog.recv_params}
-    post, step, acc = _compile(prog, device, dist, pg, dp_group, k, pos)
+    events: list[tuple[int, int, float, float]] | None = [] if job.trace else None
+    post, step, acc = _compile(prog, device, dist, pg, dp_group, k, pos, events)
+    traces: list[np.ndarray] = []  # [events, 4] per measured step: kind, id, start, end (perf_counter seconds)
     if job.interleave_profile:
         from harness.profile import dead_inputs, in_situ_step
 
@@ -1390,6 +1438,10 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
         busy.append(b)
         sent.append(acc[0])
         waited.append(acc[1])
+        if events is not None:
+            if s >= job.warmup:
+                traces.append(np.array(events, dtype=np.float64).reshape(len(events), 4))
+            events.clear()
         if s == 0 and job.collect:
             outputs = {key: (v.detach().cpu().clone() if hasattr(v, "detach") else v) for key, v in outs.items()}
             if dp and "loss" in outs and rank in job.dp_devices:
@@ -1404,16 +1456,19 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
                     outputs[key] = torch.cat(parts, 0).cpu()
         del outs
         if job.interleave_profile:
-            # the ranks take turns; the others wait at the next step's barrier meanwhile
+            # the ranks take turns, the others waiting at a barrier - not at the next step's: one
+            # that posted its receives a whole reference step before its peer stalled ~40 ms on
+            # one message in every such step (gloo over loopback, measured with sim.trace)
             dist.barrier()
             if s % job.world == rank:
                 t_ref = in_situ_step(job.eg, ref_ph, device, ref_dead, ref_fns)
                 if s >= job.warmup:
                     reference.append(t_ref)
+            dist.barrier()
     dist.barrier()
     rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "send": sent, "wait": waited, "faults": faults, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
            "threads": torch.get_num_threads(), "outputs": outputs, "nodes": prog.nodes, "sends": prog.sends, "recvs": prog.recvs,
-           "reference": np.asarray(reference).reshape(len(reference), job.eg.num_nodes)}
+           "reference": np.asarray(reference).reshape(len(reference), job.eg.num_nodes), "trace": traces}
     torch.save(rec, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -1471,10 +1526,34 @@ class Measured:
     rank_faults: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [world] mean minor page faults per step
     reference_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [reference steps, nodes] interleaved in-situ profile
     reference_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [reference steps] the rank that ran each
+    #: ``sim.trace``: per rank [steps, events, 4] = kind (:data:`TRACE_KINDS`), id, start, end in seconds
+    #: from the step's first rank start (one host; else the rank's own start); empty without it
+    trace: list[np.ndarray] = field(default_factory=list)
 
     @property
     def step_time_s(self) -> float:
         return float(self.step_s.mean())
+
+    def timeline(self) -> dict[str, np.ndarray]:
+        """``sim.trace``: every rank's events (op calls, sends, waits) in program order, each
+        with its mean start, end and duration over the measured steps (seconds from the step's
+        start): arrays ``rank, kind`` (index into :data:`TRACE_KINDS`), ``id`` (node or message
+        tag), ``start_s, end_s, duration_s``; empty arrays without a trace.  Means, not medians:
+        the events' durations are skewed (a wait is now and then milliseconds long), and only
+        means add up to the mean step that ``measured_step_time_s`` reports."""
+        cols: dict[str, list[np.ndarray]] = {k: [] for k in ("rank", "kind", "id", "start_s", "end_s", "duration_s")}
+        for r, ev in enumerate(self.trace):
+            if not ev.size:
+                continue
+            e = ev.shape[1]
+            cols["rank"].append(np.full(e, r, dtype=np.int64))
+            cols["kind"].append(ev[0, :, 0].astype(np.int64))
+            cols["id"].append(ev[0, :, 1].astype(np.int64))
+            cols["start_s"].append(ev[:, :, 2].mean(axis=0))
+            cols["end_s"].append(ev[:, :, 3].mean(axis=0))
+            cols["duration_s"].append((ev[:, :, 3] - ev[:, :, 2]).mean(axis=0))
+        return {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64 if k in ("rank", "kind", "id") else np.float64))
+                for k, v in cols.items()}
 
     def outputs(self) -> dict[str, Any]:
         """Loss, gradients and updated parameters of the first step, merged over the ranks."""
@@ -1489,6 +1568,7 @@ class Measured:
             "measured_step_time_s": self.step_time_s,
             "measured_step_time_std_s": float(self.step_s.std()),
             "measured_step_time_median_s": float(np.median(self.step_s)),
+            "measured_step_times_s": self.step_s.tolist(),
             "measured_span_s": float(self.span_s.mean()) if len(self.span_s) else None,
             "measured_steps": self.steps,
             "measured_warmup": self.warmup,
@@ -1543,10 +1623,17 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
     _, over = rank_cores(job.world, job.threads)
     per_rank = [np.array([r[key] for r in recs])[:, job.warmup:].mean(axis=1) for key in ("send", "wait", "faults")]
     ref = np.concatenate([r["reference"] for r in recs])  # each rank's [its reference steps, nodes]
+    trace = []
+    if job.trace:
+        origin = start.min(axis=0) if one_host else None
+        for q, r in enumerate(recs):
+            ev = np.stack(r["trace"]) if len(r["trace"]) else np.zeros((0, 0, 4))
+            ev[:, :, 2:] -= (origin if origin is not None else start[q])[:, None, None]
+            trace.append(ev)
     ref_rank = np.concatenate([np.full(len(r["reference"]), r["rank"], dtype=np.int64) for r in recs])
     return Measured(job.mode, job.backend, job.device, job.world, job.threads, job.warmup, job.steps, step, (end - start).mean(axis=1),
                     busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span,
-                    *per_rank, reference_s=ref, reference_rank=ref_rank)
+                    *per_rank, reference_s=ref, reference_rank=ref_rank, trace=trace)
 
 
 def _unguarded_script_hint() -> str:

@@ -45,6 +45,8 @@ class SimResult:
     cluster: Cluster = field(repr=False)
     #: figures another backend adds to result.json (sim=realrun: measured_step_time_s, ...)
     extras: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: sim=realrun with ``trace``: the real run's events per rank (see ``Measured.timeline``)
+    measured_timeline: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def gap(self) -> float:

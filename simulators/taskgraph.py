@@ -93,6 +93,10 @@ class TaskGraph:
     #: have no phase of their own (a layer graph's node runs forward and backward)
     phase: np.ndarray | None = None
     label: list[str] | None = None
+    #: per task: compute time a transfer takes from its destination device if that device is
+    #: computing when it arrives (host_comm ``recv_when: busy``: the receiving thread preempts
+    #: the running op, which ends that much later); 0 for other tasks, None without any
+    steal: np.ndarray | None = None
 
     @property
     def num_tasks(self) -> int:
@@ -430,20 +434,36 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
     tb = np.concatenate([t_bytes, p_bytes]).astype(np.float64)
     dur[m:] = np.where(tb > 0, lat[tt, td] + tb / bw[tt, td], 0.0)
     host = cluster.meta.get("host_comm")
+    steal = None
     if host and nt:
         # CPU devices talking over TCP (cpu2): each endpoint's own core sends or receives the
         # bytes, so a transfer also costs compute time on both ends - the sender's while its
-        # producer runs on, the receiver's before the first reader (in order) can start
-        cpu_s = float(host["per_message_us"]) * 1e-6 + t_bytes / (float(host["copy_GBps"]) * 1e9)
+        # producer runs on; the receiver's before its first reader (in order) can start, or
+        # (recv_when: busy) only when the message arrives while it computes, as gloo's receiving
+        # thread then preempts the op; a receiver that waits for it pays that in the latency
+        per_msg = float(host.get("per_message_us", 0.0))
+        copy_s = t_bytes / (float(host["copy_GBps"]) * 1e9)
+        send_s = float(host.get("send_us", per_msg)) * 1e-6 + copy_s
+        recv_s = float(host.get("recv_us", per_msg)) * 1e-6 + copy_s
         own = ~sh.is_coll[t_src]  # a collective's result is sent by its members' communicators
-        np.add.at(dur, t_src[own], (cpu_s + _cold_send_s(sh, t_src, own, host))[own])
+        np.add.at(dur, t_src[own], (send_s + _cold_send_s(sh, t_src, own, host))[own])
+        when = host.get("recv_when", "always")
+        if when not in ("always", "busy"):
+            raise ValueError(f"cluster {cluster.name!r}: host_comm.recv_when must be 'always' or 'busy', got {when!r}")
+        # the first reader (in order) of every received tensor pays recv_s (always) or the
+        # receive's cost to a waiting receiver (busy: recv_idle_us, the receiving thread's
+        # wake-up work that the op after the wait runs into); a busy receiver the rest
+        reader_s = recv_s if when == "always" else np.full(nt, float(host.get("recv_idle_us", 0.0)) * 1e-6)
         rcv = sh.e_dst[remote]
         by_order = np.lexsort((rcv, sh.prio[rcv], inv))
         head = np.flatnonzero(np.concatenate([[True], inv[by_order][1:] != inv[by_order][:-1]]))
-        np.add.at(dur, rcv[by_order][head], cpu_s[inv[by_order][head]])
-        # the link's figures are a one-way time measured end to end, which already holds the
-        # endpoints' work now charged to them: the wire keeps the rest
-        dur[m:m + nt] = np.maximum(dur[m:m + nt] - 2.0 * cpu_s, 0.0)
+        np.add.at(dur, rcv[by_order][head], reader_s[inv[by_order][head]])
+        if when == "busy":
+            steal = np.zeros(T)
+            steal[m:m + nt] = np.maximum(recv_s - reader_s, 0.0)
+        # the link's figures are a one-way time measured end to end with a waiting receiver,
+        # which already holds the endpoints' work now charged to them: the wire keeps the rest
+        dur[m:m + nt] = np.maximum(dur[m:m + nt] - send_s - reader_s, 0.0)
     # links held: a transfer its route's, a collective every link of its ring
     wire = np.zeros(T, dtype=np.float64)
     wire[m:] = tb
@@ -503,5 +523,5 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
         kind=kind, dev=dev, dst=dst, dur=dur, prio=prio, node=node, param=param, nbytes=nbytes,
         res_ptr=res_ptr, res_idx=res_idx, succ_ptr=succ_ptr, succ_idx=succ_idx, indeg=indeg,
         alloc_dev=alloc_dev, alloc_bytes=alloc_bytes, use_ptr=use_ptr, use_idx=use_idx,
-        static_mem=static, num_shards=m, wire_bytes=wire,
+        static_mem=static, num_shards=m, wire_bytes=wire, steal=steal,
     )

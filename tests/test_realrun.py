@@ -125,6 +125,7 @@ def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
                 except RealRunError as e:  # a rewritten graph (FD-DPS splits), channel-parallel layers: only simulated
                     cases[(m, a)] = f"{algo_name}: refused by sim=realrun: {e}"
                     continue
+                job.trace = a in ("data_parallel", "round_robin")  # their every op, send and wait recorded: the maths must not change
                 dp = job.mode in ("data_parallel", "channel_parallel")
                 cases[(m, a)] = {"src": src, "mode": job.mode, "k": len(job.dp_devices) if dp else 1, "gran": gran,
                                  "sends": sum(p.sends for p in job.programs), **_channel_info(job, plan.graph, plan.strategy)}
@@ -448,12 +449,44 @@ def test_refuses_data_parallel_on_an_indivisible_batch():
 
 
 # ---------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("model", FAST)
+def test_trace_records_every_op_send_and_wait(fast_cases, model):
+    """sim.trace: each rank's op calls, sends and waits of every measured step, in program
+    order, on one clock from the step's start; their op time is the rank's busy time."""
+    from simulators.realrun import TRACE_ALLREDUCE, TRACE_DRAIN, TRACE_OP, TRACE_RECV, TRACE_SEND
+
+    rr, dp = fast_cases[(model, "round_robin")], fast_cases[(model, "data_parallel")]
+    for c in (rr, dp):
+        m = c["measured"]
+        tl = m.timeline()
+        assert len(m.trace) == 2 and all(ev.shape[0] == m.steps and ev.shape[2] == 4 for ev in m.trace)
+        for r, ev in enumerate(m.trace):
+            kind = ev[0, :, 0]
+            assert (ev[:, :, 0] == kind).all()  # the same program every step
+            assert (ev[:, :, 3] >= ev[:, :, 2]).all() and (np.diff(ev[:, :, 2], axis=1) >= 0).all()  # in order, one after the other
+            assert (ev[:, :, 2] >= 0).all()  # after the first rank left the barrier
+            assert (ev[0, -1, 0] == TRACE_DRAIN) == (c is rr)  # a placement's rank waits for its sends last
+            assert int((kind == TRACE_OP).sum()) == m.records[r]["nodes"]
+            assert int((kind == TRACE_SEND).sum()) == m.records[r]["sends"]
+            assert int((kind == TRACE_RECV).sum()) == m.records[r]["recvs"]
+            ops = ev[:, :, 0] == TRACE_OP
+            busy = np.where(ops, ev[:, :, 3] - ev[:, :, 2], 0.0).sum(axis=1)
+            assert busy.mean() == pytest.approx(m.rank_busy_s[r], rel=1e-9)
+            sel = tl["rank"] == r
+            assert np.allclose(tl["duration_s"][sel], (ev[:, :, 3] - ev[:, :, 2]).mean(axis=0))
+    assert rr["sends"] > 0 and not (dp["measured"].trace[0][0, :, 0] == TRACE_SEND).any()
+    ar = dp["measured"].trace[0][0]
+    assert (ar[:, 0] == TRACE_ALLREDUCE).sum() > 0  # the gradients' all-reduces, waited for by node
+    assert set(ar[ar[:, 0] == TRACE_ALLREDUCE, 1].astype(int)) <= set(ar[ar[:, 0] == TRACE_OP, 1].astype(int))
+
+
 def test_run_adds_the_measured_step_time(tmp_path):
     """harness.run with sim=realrun: the event simulator's step_time_s and the measured one."""
     from harness.run import format_summary, run, write_outputs
 
     cfg = compose([*MODELS["lenet5"][0], "algo=m_topo", "cluster=cpu2", "sim=realrun", "sim.warmup=1", "sim.steps=3",
-                   "costs=profiled", f"costs.profile_dir={tmp_path / 'none'}", "output.gantt=false", "sim.interleave_profile=true"])
+                   "costs=profiled", f"costs.profile_dir={tmp_path / 'none'}", "output.gantt=false", "sim.interleave_profile=true",
+                   "sim.trace=true"])
     res = run(cfg)
     row = res.row
     assert row["step_time_s"] > 0 and row["measured_step_time_s"] > 0 and row["measured_steps"] == 3
@@ -464,9 +497,23 @@ def test_run_adds_the_measured_step_time(tmp_path):
     assert len(row["measured_rank_step_s"]) == 2 and row["realrun"]["backend"] == "gloo" and row["realrun"]["mode"] == "placement"
     # no profile in that directory: every kernel fell back to the analytical model, and the row says so
     assert row["costs_report"]["fallback_nodes"] == int((~res.plan.graph.free).sum()) > 0
+    assert len(row["measured_step_times_s"]) == 3 and np.mean(row["measured_step_times_s"]) == pytest.approx(row["measured_step_time_s"])
     write_outputs(res, tmp_path, cfg)
     assert json.loads((tmp_path / "result.json").read_text())["measured_step_time_s"] == row["measured_step_time_s"]
     assert "measured step" in format_summary(row)
+    # sim.trace: every event of the run in measured_trace.csv, and the two steps drawn one above the other
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "measured_trace.csv")))
+    ops = [r for r in rows if r["kind"] == "op"]
+    assert len(ops) == sum(row["realrun"]["ops_per_rank"]) and all(r["node"] in res.plan.graph.names for r in ops)
+    assert {r["phase"] for r in ops} == {"forward", "backward", "update"}
+    assert sum(r["kind"] == "send" for r in rows) == sum(row["realrun"]["sends_per_rank"]) > 0
+    assert not (tmp_path / "gantt_measured.png").exists()  # output.gantt=false
+    from simulators.gantt import plot_measured_gantt
+
+    plot_measured_gantt(res.sim, tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 1000
 
 
 @pytest.mark.slow

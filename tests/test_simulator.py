@@ -87,6 +87,38 @@ def test_invariants_random_placements(g, ndev, seed, mode, topo):
 
 
 @SETTINGS
+@given(random_dags(), st.integers(2, 3), st.integers(0, 2**31 - 1), st.sampled_from(engine.MODES), st.floats(0.0, 500.0))
+def test_invariants_with_receives_that_preempt(g, ndev, seed, mode, recv_us):
+    """host_comm.recv_when: busy - receives lengthen the op their device runs when they arrive:
+    still no overlap, every dependency kept, each compute task at least its duration, the
+    devices' busy time is what their tasks took, and the same input gives the same timeline."""
+    from harness.cluster import build_cluster
+    from tests.conftest import DEVICE
+
+    cl = build_cluster("cpu", DEVICE, gpus=ndev, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 50.0},
+                       host_comm={"send_us": 20.0, "recv_us": recv_us, "recv_idle_us": 5.0, "copy_GBps": 4.0, "recv_when": "busy"})
+    costs = AnalyticalCostModel(cl, launch_us=1.0)
+    rng = np.random.default_rng(seed)
+    strat = Strategy.placement(rng.integers(0, ndev, g.num_nodes), random_topo_order(g, seed))
+    res = simulate(g, strat, cl, costs, order=mode)
+    tg, tl = res.taskgraph, res.timeline
+    comp = np.flatnonzero(tg.kind == COMPUTE)
+    for d in range(ndev):
+        s = comp[tg.dev[comp] == d]
+        o = s[np.argsort(tl.start[s], kind="stable")]
+        assert np.all(tl.start[o][1:] >= tl.end[o][:-1] - EPS)
+        assert res.device_busy_s[d] == pytest.approx(float((tl.end[s] - tl.start[s]).sum()), abs=1e-12)
+    src = np.repeat(np.arange(tg.num_tasks), np.diff(tg.succ_ptr))
+    assert np.all(tl.start[tg.succ_idx] >= tl.end[src] - EPS)
+    assert np.all(tl.end - tl.start >= tg.dur - EPS)
+    other = np.flatnonzero(tg.kind != COMPUTE)
+    assert np.allclose((tl.end - tl.start)[other], tg.dur[other])  # only compute tasks are lengthened
+    assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) - EPS
+    again = simulate(g, strat, cl, costs, order=mode)
+    assert np.array_equal(tl.end, again.timeline.end)
+
+
+@SETTINGS
 @given(random_dags(15), st.integers(1, 4), st.integers(1, 2))
 def test_invariants_two_nodes_and_sample_configs(g, gpus, nodes):
     """Multi-host routes (through NICs) and data-parallel expansion keep the invariants."""
@@ -142,6 +174,56 @@ def test_host_comm_charges_a_transfer_to_both_endpoints_compute():
     tr = np.flatnonzero(a.kind == TRANSFER)
     np.testing.assert_allclose(b.dur[tr], np.maximum(a.dur[tr] - 2 * extra, 0.0))
     assert a.dur[tr[0]] == pytest.approx(100e-6 + 4_000_000 / 1e9) and b.dur[tr[0]] > 0
+
+
+def test_a_receive_preempts_a_busy_receiver_only():
+    """host_comm.recv_when: busy - a message that arrives while its destination computes
+    lengthens the running op by recv_us + bytes / copy_GBps (gloo's receiving thread shares
+    the core); one that arrives at an idle device costs its first reader recv_idle_us (0 by
+    default) only, and the wire keeps the link's one-way time less the sender's part and that.  recv_when: always charges the first
+    reader as before."""
+    from harness.cluster import build_cluster
+    from tests.conftest import DEVICE
+
+    host = {"send_us": 40.0, "recv_us": 150.0, "copy_GBps": 4.0}
+
+    def cluster(when: str):
+        return build_cluster("cpu", DEVICE, gpus=2, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0},
+                             host_comm={**host, "recv_when": when})
+
+    nb = 40_000
+    copy = nb / 4e9
+    for long_op in (True, False):
+        # device 0: a -> (message) -> c on device 1, which first runs b (long or short)
+        g = make_graph(3, [(0, 2)], [1e6, 5e9 if long_op else 1e5, 1e6], [nb])
+        strat = Strategy.placement([0, 1, 1], [0, 0, 1])
+        busy = cluster("busy")
+        res = simulate(g, strat, busy, AnalyticalCostModel(busy, launch_us=0.0))
+        tg, tl = res.taskgraph, res.timeline
+        a, b, c = (int(np.flatnonzero((tg.kind == COMPUTE) & (tg.node == i))[0]) for i in range(3))
+        tr = int(np.flatnonzero(tg.kind == TRANSFER)[0])
+        assert tg.dur[tr] == pytest.approx(100e-6 + nb / 1e9 - (40e-6 + copy))  # the wire: the one-way time after the send
+        arrival = tl.end[a] + tg.dur[tr]
+        assert tl.end[tr] == pytest.approx(arrival)
+        if long_op:  # b still runs when the message comes: b ends later by the receive's cost, c starts after it
+            assert tl.start[b] < arrival < tl.start[b] + tg.dur[b]
+            assert tl.end[b] == pytest.approx(tl.start[b] + tg.dur[b] + 150e-6 + copy)
+            assert res.device_busy_s[1] == pytest.approx(tg.dur[b] + tg.dur[c] + 150e-6 + copy)
+        else:  # device 1 idles when it comes: c starts at its arrival
+            assert tl.end[b] == pytest.approx(tl.start[b] + tg.dur[b]) and tl.end[b] < arrival
+            assert res.device_busy_s[1] == pytest.approx(tg.dur[b] + tg.dur[c])
+        assert tl.start[c] == pytest.approx(max(arrival, tl.end[b]))
+        always = cluster("always")
+        tga = simulate(g, strat, always, AnalyticalCostModel(always, launch_us=0.0)).taskgraph
+        assert tga.steal is None and tga.dur[c] == pytest.approx(tg.dur[c] + 150e-6 + copy)
+        # recv_idle_us: what a waiting receiver pays in its first reader, out of the wire and the steal
+        idle = build_cluster("cpu", DEVICE, gpus=2, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0},
+                             host_comm={**host, "recv_when": "busy", "recv_idle_us": 20.0})
+        tgi = simulate(g, strat, idle, AnalyticalCostModel(idle, launch_us=0.0)).taskgraph
+        assert tgi.dur[c] == pytest.approx(tg.dur[c] + 20e-6) and tgi.dur[tr] == pytest.approx(tg.dur[tr] - 20e-6)
+        assert tgi.steal[tr] == pytest.approx(150e-6 + copy - 20e-6) and tg.steal[tr] == pytest.approx(150e-6 + copy)
+    with pytest.raises(ValueError, match="recv_when"):
+        simulate(g, strat, cluster("sometimes"), AnalyticalCostModel(busy, launch_us=0.0))
 
 
 def test_cold_sends_cost_the_sender_by_the_compute_since_its_previous_send():
