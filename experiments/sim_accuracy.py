@@ -121,6 +121,11 @@ def _check_kind(kind: str) -> None:
                       "on this machine first; the profiles are filed under cpu2's kind anyway", stacklevel=3)
 
 
+def _has_interleaved(ok: pd.DataFrame) -> bool:
+    """Whether any executed case was also simulated with the profile taken during its run."""
+    return "interleaved_error" in ok and bool(ok["interleaved_error"].notna().any())
+
+
 def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, steps: int, warmup: int, interleave: bool = True) -> dict[str, Any]:
     """One (model, algorithm) on cpu2: simulated (profiled and analytical costs) and measured;
     with ``interleave``, also simulated with the profile the ranks took between the measured
@@ -196,7 +201,7 @@ def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     ax1.bar(x + 0.2, ok["simulated_s"] * 1e3, 0.4, label="simulated (profiled)", color="#dd8452", edgecolor="black", hatch="..")
     ax1.set_ylabel("step time (ms)")
     ax1.legend()
-    inter = "interleaved_error" in ok and bool(ok["interleaved_error"].notna().any())
+    inter = _has_interleaved(ok)
     w = 0.27 if inter else 0.4
     ax2.bar(x - w / 2 - (w / 2 if inter else 0), ok["error"] * 100, w, label="profiled before the run", color="#dd8452", edgecolor="black", hatch="..")
     if inter:
@@ -337,6 +342,6 @@ def main(argv: list[str] | None = None) -> int:
                               analytical_pct=ok["analytical_error"] * 100).to_dict("records"),
                     ["model", "algo", "mode", "measured_ms", "simulated_ms", "error_pct", "analytical_pct", "fallback_nodes"],
                     title=f"simulated vs measured on cpu2 (mean |error| {ok['error'].abs().mean() * 100:.1f}%"
-                          + (f"; profiled during the run {ok['interleaved_error'].abs().mean() * 100:.1f}%)" if "interleaved_error" in ok and ok["interleaved_error"].notna().any() else ")"))
+                          + (f"; profiled during the run {ok['interleaved_error'].abs().mean() * 100:.1f}%)" if _has_interleaved(ok) else ")"))
     print(f"wrote {out / 'sim_accuracy.csv'}, {out / 'sim_accuracy.png'}, {out / 'README.md'} in {time.time() - t0:.0f} s")
     return 0
