@@ -309,8 +309,8 @@ def fit_send_gap(gaps: dict[str, list[float]]) -> tuple[float, float, float]:
     """``isend`` seconds against the compute gap before it, fitted to ``hot + cold * (1 -
     exp(-gap / tau))`` (least squares on each gap's median over sizes and rounds, tau on a
     grid): ``(hot_s, cold_s, tau_s)``, with ``cold >= 0``.  The simulator charges a sender
-    ``cold * (1 - exp(-gap / tau))`` on top of ``host_comm.per_message_us`` (a hot send is in
-    the calibrated per-message cost already)."""
+    ``cold * (1 - exp(-gap / tau))`` on top of its per-message cost (``host_comm.send_us``,
+    by default ``per_message_us``: a hot send is in that calibrated cost already)."""
     import numpy as np
 
     g = np.array(sorted(float(k) for k in gaps))

@@ -18,8 +18,13 @@ SEND_COLOR = "#222222"
 WAIT_COLOR = "#e0e0e0"
 
 
-def _draw_sim(ax: Any, sim: SimResult, max_links: int, scale: float) -> list[str]:
-    """The simulated step's device rows (compute by phase) and its busiest links: the row labels."""
+def _sim_rows(sim: SimResult, max_links: int) -> int:
+    """Rows :func:`_draw_sim` draws: one per device and one per busy link, at most ``max_links``."""
+    return sim.cluster.num_devices + int((sim.timeline.link_busy > 0).sum().clip(max=max_links))
+
+
+def _draw_sim(ax: Any, sim: SimResult, max_links: int, scale: float) -> None:
+    """The simulated step's device rows (compute by phase) and its ``max_links`` busiest links."""
     tg, tl, cl = sim.taskgraph, sim.timeline, sim.cluster
     D = cl.num_devices
     busy = tl.link_busy
@@ -42,7 +47,6 @@ def _draw_sim(ax: Any, sim: SimResult, max_links: int, scale: float) -> list[str
     labels = [dv.name for dv in cl.devices] + [f"{cl.links[l].name} [{cl.links[l].cls}]" for l in links]
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
-    return labels
 
 
 def _legend(ax: Any, measured: bool = False) -> None:
@@ -64,7 +68,7 @@ def plot_gantt(sim: SimResult, path: str | Path, max_links: int = 16, title: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = sim.cluster.num_devices + int((sim.timeline.link_busy > 0).sum().clip(max=max_links))
+    rows = _sim_rows(sim, max_links)
     scale, unit = (1e3, "ms") if sim.step_time_s < 10 else (1.0, "s")
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.35 * rows))
     _draw_sim(ax, sim, max_links, scale)
@@ -96,7 +100,7 @@ def plot_measured_gantt(sim: SimResult, path: str | Path, max_links: int = 4, ti
     ranks = sorted(set(tl["rank"].tolist())) or [0]
     end = max(sim.step_time_s, float(tl["end_s"].max(initial=0.0)))
     scale, unit = (1e3, "ms") if end < 10 else (1.0, "s")
-    n_sim = sim.cluster.num_devices + int((sim.timeline.link_busy > 0).sum().clip(max=max_links))
+    n_sim = _sim_rows(sim, max_links)
     fig, (top, bot) = plt.subplots(2, 1, sharex=True, figsize=(12, 2.0 + 0.35 * (n_sim + len(ranks))),
                                    gridspec_kw={"height_ratios": [n_sim + 1, len(ranks) + 1]})
     _draw_sim(top, sim, max_links, scale)

@@ -90,7 +90,7 @@ of the rank's process during a step (allocations the C library had to map afresh
 ``steady_malloc``); per step, means over the measured steps.
 
 Profiled during the run (``interleave_profile``, off by default): after every step one rank
-in turn - the others wait at the next step's barrier - runs the whole executed graph alone
+in turn - the others wait at a barrier it joins when done - runs the whole executed graph alone
 from its own copy of the initial state and times each op in situ
 (:func:`harness.profile.in_situ_step`, the profiler's ``mode=in_situ``).  The plan is then
 simulated again with each op's median over those reference steps (summed per coarse node of a
@@ -1623,6 +1623,7 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
     _, over = rank_cores(job.world, job.threads)
     per_rank = [np.array([r[key] for r in recs])[:, job.warmup:].mean(axis=1) for key in ("send", "wait", "faults")]
     ref = np.concatenate([r["reference"] for r in recs])  # each rank's [its reference steps, nodes]
+    ref_rank = np.concatenate([np.full(len(r["reference"]), r["rank"], dtype=np.int64) for r in recs])
     trace = []
     if job.trace:
         origin = start.min(axis=0) if one_host else None
@@ -1630,7 +1631,6 @@ def read_results(job: Job, d: Path, launcher: str) -> Measured:
             ev = np.stack(r["trace"]) if len(r["trace"]) else np.zeros((0, 0, 4))
             ev[:, :, 2:] -= (origin if origin is not None else start[q])[:, None, None]
             trace.append(ev)
-    ref_rank = np.concatenate([np.full(len(r["reference"]), r["rank"], dtype=np.int64) for r in recs])
     return Measured(job.mode, job.backend, job.device, job.world, job.threads, job.warmup, job.steps, step, (end - start).mean(axis=1),
                     busy.mean(axis=1), [list(r["cores"]) for r in recs], over if job.device == "cpu" else False, launcher, recs, span,
                     *per_rank, reference_s=ref, reference_rank=ref_rank, trace=trace)

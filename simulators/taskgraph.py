@@ -342,8 +342,8 @@ def _csr(n: int, keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.nda
 def _cold_send_s(sh: Shards, t_src: np.ndarray, own: np.ndarray, host: dict) -> np.ndarray:
     """Extra sender time of each transfer on a host whose sends cost more the longer its core
     has computed since its previous send (``host_comm: {send_cold_us, send_tau_us}``, measured
-    by ``harness.calibrate``: on the cpu2 VM an ``isend`` costs about 30 us right after another
-    and 100-300 us after milliseconds of compute - the network stack's state has left the
+    by ``harness.calibrate``: on the cpu2 VM an ``isend`` costs about 60-70 us right after another
+    and 130-270 us after 5-20 ms of compute - the network stack's state has left the
     caches): ``send_cold_us * (1 - exp(-gap / send_tau_us))``, the gap being the compute time
     of the shards the device runs (in its schedule order) between the previous producer that
     sent and this one; the first send of a step counts from the step's start, and a
