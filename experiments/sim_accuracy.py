@@ -25,7 +25,10 @@ turns it off): after every measured step one rank in turn runs the whole graph a
 each op in situ, and the same plan is simulated again with those times (``interleaved_s``,
 ``interleaved_error``, the median over the rounds).  The profile before the run is what a user
 has when choosing a plan; the interleaved one sees the machine the run saw, so the gap between
-the two errors is the machine's drift, and what is left is the simulator's own.
+the two errors is the machine's drift, and what is left is the simulator's own.  Every case is
+also simulated under the simulator's other model of what a message costs a CPU rank
+(``host_comm.recv_when: busy``, :func:`busy_model`) with both profiles: ``busy_error``,
+``interleaved_busy_error``.
 
 The communication figures of cpu2 (link, all-reduce and what a message costs the ranks'
 cores, ``host_comm``) come from ``python -m harness.calibrate --write``, measured the way
@@ -121,6 +124,19 @@ def _check_kind(kind: str) -> None:
                       "on this machine first; the profiles are filed under cpu2's kind anyway", stacklevel=3)
 
 
+def busy_model(cluster: Any) -> Any | None:
+    """The cluster with ``host_comm.recv_when: busy`` (a receive costs a waiting receiver
+    ``recv_idle_us``, a computing one ``per_message_us`` taken from the op it runs), the
+    simulator's other model of what a message costs a CPU rank; None where the cluster has no
+    calibrated ``recv_idle_us`` (``python -m harness.calibrate --write`` measures it)."""
+    from harness.cluster import Cluster
+
+    host = cluster.meta.get("host_comm") or {}
+    if "recv_idle_us" not in host:
+        return None
+    return Cluster(cluster.name, cluster.devices, cluster.links, cluster.routes, {**cluster.meta, "host_comm": {**host, "recv_when": "busy"}})
+
+
 def _has_interleaved(ok: pd.DataFrame) -> bool:
     """Whether any executed case was also simulated with the profile taken during its run."""
     return "interleaved_error" in ok and bool(ok["interleaved_error"].notna().any())
@@ -147,6 +163,16 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
     r = res.row
     ana = simulate(res.plan.graph, res.plan.strategy, res.cluster, AnalyticalCostModel(res.cluster)).step_time_s
     meas = float(r["measured_step_time_s"])
+    # the same plan and profiles under the simulator's other host_comm model (recv_when: busy)
+    busy, run_costs = busy_model(res.cluster), res.sim.interleaved_costs
+    busy_s = busy_ie = np.nan
+    if busy is not None:
+        from hydra.utils import instantiate
+
+        costs = instantiate(cfg.costs, _partial_=True, _convert_="all")(cluster=res.cluster)
+        busy_s = simulate(res.plan.graph, res.plan.strategy, busy, costs).step_time_s
+        if run_costs is not None:
+            busy_ie = simulate(res.plan.graph, res.plan.strategy, busy, run_costs).step_time_s / meas - 1.0
     rep = r.get("costs_report", {})
     return {
         **row, "status": "ok", "mode": r["realrun"]["mode"], "batch": r["batch_size"], "nodes": r["plan_nodes"],
@@ -158,6 +184,7 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
         "measured_page_faults": r["measured_rank_page_faults"],
         "interleaved_s": _nan(r.get("step_time_interleaved_s")), "interleaved_error": _nan(r.get("sim_relative_error_interleaved")),
         "reference_step_s": _nan(r.get("measured_reference_step_s")),
+        "busy_s": busy_s, "busy_error": busy_s / meas - 1.0, "interleaved_busy_error": busy_ie,
     }
 
 
@@ -184,6 +211,10 @@ def combine_runs(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ie = np.array([r.get("interleaved_error", np.nan) for r in ok], dtype=float)
     if np.isfinite(ie).any():
         row.update(interleaved_error=float(np.nanmedian(ie)), interleaved_run_errors=" ".join(f"{e * 100:+.1f}%" if np.isfinite(e) else "n/a" for e in ie))
+    for key in ("busy_error", "interleaved_busy_error"):  # the other communication model: median over the rounds, as above
+        v = np.array([r.get(key, np.nan) for r in ok], dtype=float)
+        if np.isfinite(v).any():
+            row[key] = float(np.nanmedian(v))
     return row
 
 
@@ -232,9 +263,10 @@ def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         "Error = simulated / measured - 1, in the style of OptCNN Table 4 and Celeritas Table 5.",
         "",
         "Interleaved = the same plan simulated with its ops' times profiled *during* the run: after every measured step one",
-        "rank in turn runs the whole graph alone and times each op in situ (`sim.interleave_profile`); the median over the",
-        "rounds of that error.  The plan itself was made with the profile taken before the run.  The two columns differ",
-        "by how far the machine moved between the profile and the run.",
+        "rank in turn runs the whole graph alone and times each op in situ (`sim.interleave_profile`), and each device takes",
+        "every op's mean over its own rank's reference steps; the median over the rounds of that error.  The plan itself",
+        "was made with the profile taken before the run.  The two columns differ by how far the machine moved between the",
+        "profile and the run.",
         "",
         "Spread = (slowest - fastest measured run) / median: how far this machine moves between runs of the same case.",
         "",
@@ -254,14 +286,26 @@ def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
                   f"{float(ok['analytical_error'].abs().mean()) * 100:.1f}%. Median spread between runs of one case "
                   f"{float(ok['run_spread'].median()) * 100:.0f}%."]
         if inter:
-            ie = ok["interleaved_error"].dropna()
-            lines += ["", f"With the profile interleaved with the run: mean absolute error {float(ie.abs().mean()) * 100:.1f}%, worst "
-                      f"{float(ie.abs().max()) * 100:.1f}%, {int((ie.abs() <= 0.10).sum())} of {len(ie)} cases within 10%, mean signed "
-                      f"error {float(ie.mean()) * 100:+.1f}%."]
+            lines += ["", f"With the profile interleaved with the run: {_errors(ok['interleaved_error'])}."]
+        busy = [(c, w) for c, w in (("busy_error", "the profile taken before the run"), ("interleaved_busy_error", "the interleaved profile"))
+                if c in ok and ok[c].notna().any()]
+        if busy:
+            lines += ["", "The simulator's other model of what a message costs a CPU rank, `host_comm.recv_when: busy` (a receiver",
+                      "that waited pays the calibrated `recv_idle_us` in the op after the wait, one that computes pays `per_message_us`",
+                      "out of the op it runs; cpu2 uses `always`: every first reader pays `per_message_us`), the same plans and",
+                      "profiles simulated again, the median over the rounds: "
+                      + "; ".join(f"with {w}, {_errors(ok[c])}" for c, w in busy) + "."]
     ref = df[df["status"] != "ok"]
     if len(ref):
         lines += ["", "Not executed (only simulated):", ""] + [f"* {r['model']} / {r['algo']}: {r['note']}" for _, r in ref.iterrows()]
     (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def _errors(e: pd.Series) -> str:
+    """Mean absolute, worst, within 10 % and mean signed of a column of relative errors."""
+    e = e.dropna()
+    return (f"mean absolute error {float(e.abs().mean()) * 100:.1f}%, worst {float(e.abs().max()) * 100:.1f}%, "
+            f"{int((e.abs() <= 0.10).sum())} of {len(e)} cases within 10%, mean signed error {float(e.mean()) * 100:+.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:

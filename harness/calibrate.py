@@ -36,10 +36,11 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   fitted to ``hot + cold (1 - exp(-gap / tau))``: cpu2's ``host_comm: {send_cold_us,
   send_tau_us}``, the extra a sender pays beyond ``per_message_us`` (which was measured with
   sends every few hundred microseconds);
-* (reported; the simulator uses it only with ``host_comm.recv_when: busy``) what a receive
+* (the simulator uses it only with ``host_comm.recv_when: busy``) what a receive
   costs a rank that waited for it: two ranks relay a small message with a short op before
   each send, against a plain relay plus the op timed alone (:func:`_relay_cpu`), the
-  ``recv_idle_us`` of that model.
+  ``recv_idle_us`` of that model, written into ``host_comm`` (unused under the default
+  ``recv_when: always``).
 
 ``python -m harness.calibrate --drift SECONDS`` measures instead how much this machine's speed
 moves over time (:func:`drift`): what bounds any comparison of a simulated step with a
@@ -475,11 +476,12 @@ def _send_gap_comment(link: dict[str, Any]) -> str:
 def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
     lat, bw, clat, cbw = link["lat_s"], link["bw_Bps"], link["coll_lat_s"], link["coll_bw_Bps"]
     cold = f", send_cold_us: {link['send_cold_s'] * 1e6:.1f}, send_tau_us: {link['send_tau_s'] * 1e6:.0f}" if "send_cold_s" in link else ""
+    cold += f", recv_idle_us: {link['recv_idle_s'] * 1e6:.1f}" if "recv_idle_s" in link else ""
     relay = (f"""# A receiver that waited for its message pays {link['recv_idle_s'] * 1e6:.1f} us in the op after the wait: two ranks relaying a
 # message with three 64x64 matmuls before each send took that much per hop more than a plain relay plus the matmuls.
 # The simulator's host_comm.recv_when: busy charges it (recv_idle_us) instead of per_message_us to a receiver that
-# waited, and per_message_us only to one that computes when the message arrives; cpu2 keeps recv_when: always, which
-# fitted the real runs better (results/sim_accuracy/README.md).
+# waited, and per_message_us only to one that computes when the message arrives; cpu2 keeps recv_when: always (the
+# default), and python -m experiments sim_accuracy reports both models (results/sim_accuracy/README.md).
 """ if "recv_idle_s" in link else "")
     ar = ", ".join(f"{int(s) // 1024} KiB {t * 1e6:.0f} us" for s, t in link["allreduce_s"].items() if int(s) >= 65536)
     spin = "with" if link.get("spin_idle", True) else "without"

@@ -93,8 +93,10 @@ Profiled during the run (``interleave_profile``, off by default): after every st
 in turn - the others wait at a barrier it joins when done - runs the whole executed graph alone
 from its own copy of the initial state and times each op in situ
 (:func:`harness.profile.in_situ_step`, the profiler's ``mode=in_situ``).  The plan is then
-simulated again with each op's median over those reference steps (summed per coarse node of a
-layer-granularity plan; the B/k graph's times stand for the data-parallel shards):
+simulated again with each op's mean over those reference steps (summed per coarse node of a
+layer-granularity plan; the B/k graph's times stand for the data-parallel shards) - means, as
+the measured step is a mean and a mean step is the sum of its ops' means (per-op medians came
+out 2-5 % short on plans with no transfers, an op now and then being slow):
 each device's times from its own rank's reference steps, as two cores of a shared VM need not be
 equally fast at a given minute: ``step_time_interleaved_s`` and ``sim_relative_error_interleaved`` beside ``step_time_s``,
 ``measured_reference_step_s`` the reference steps' mean length.  A profile taken minutes
@@ -1112,7 +1114,8 @@ class RealRun:
         meas = extras["measured_step_time_s"]
         extras["sim_relative_error"] = (res.step_time_s / meas - 1.0) if meas > 0 else None
         if len(m.reference_s):
-            t = interleaved_step_time(graph, strategy, cluster, costs, job, m.reference_s, self.order, m.reference_rank)
+            res.interleaved_costs = interleaved_costs(graph, cluster, costs, job, m.reference_s, m.reference_rank)
+            t = None if res.interleaved_costs is None else simulate(graph, strategy, cluster, res.interleaved_costs, self.order).step_time_s
             extras["step_time_interleaved_s"] = t
             extras["sim_relative_error_interleaved"] = (t / meas - 1.0) if (t is not None and meas > 0) else None
         res.extras = {**getattr(res, "extras", {}), **extras}
@@ -1168,23 +1171,22 @@ class RunProfileCosts:
         return getattr(self.__dict__["base"], name)
 
 
-def interleaved_step_time(graph: Any, strategy: Strategy, cluster: Cluster, costs: CostModel, job: Job, reference_s: np.ndarray,
-                          order: str = "strict", reference_rank: np.ndarray | None = None) -> float | None:
-    """The simulated step of the plan with its ops' times profiled *during* the real run:
-    on each device, each node's median over the reference steps its rank ran between the
-    measured steps (:func:`harness.profile.in_situ_step` on the executed graph; all ranks'
-    steps where ``reference_rank`` is not given or a rank ran none), summed per plan node when
-    the plan is coarser.  Per rank, because the two cores of a shared VM need not be equally
-    fast at a given minute.  A shared machine's speed moves by tens of percent between minutes
-    (``python -m harness.calibrate --drift``); a profile interleaved with the measured steps
-    sees the same machine they do.  None where the executed graph does not map onto the
-    plan's (a layer-graph plan)."""
+def interleaved_costs(graph: Any, cluster: Cluster, costs: CostModel, job: Job, reference_s: np.ndarray,
+                      reference_rank: np.ndarray | None = None) -> "RunProfileCosts | None":
+    """The plan's cost model with its ops' times profiled *during* the real run: on each
+    device, each node's mean over the reference steps its rank ran between the measured steps
+    (:func:`harness.profile.in_situ_step` on the executed graph; all ranks' steps where
+    ``reference_rank`` is not given or a rank ran none), summed per plan node when the plan is
+    coarser.  Per rank, because the two cores of a shared VM need not be equally fast at a
+    given minute.  Means, not medians: the measured step is a mean, and a mean step is the sum
+    of its ops' means.  None where the executed graph does not map onto the plan's (a
+    layer-graph plan) or there are no reference steps."""
     ref = np.asarray(reference_s, dtype=np.float64)
     if not isinstance(graph, OpGraph) or not len(ref):
         return None
-    everyone = np.median(ref, axis=0)
+    everyone = ref.mean(axis=0)
     rank = np.asarray(reference_rank) if reference_rank is not None else np.full(len(ref), -1)
-    t = np.vstack([np.median(ref[rank == d], axis=0) if (rank == d).any() else everyone for d in range(cluster.num_devices)])
+    t = np.vstack([ref[rank == d].mean(axis=0) if (rank == d).any() else everyone for d in range(cluster.num_devices)])
     if t.shape[1] != graph.num_nodes:
         grp = job.ref_group
         if grp is None or len(grp) != t.shape[1] or int(np.max(grp)) + 1 != graph.num_nodes:
@@ -1192,7 +1194,17 @@ def interleaved_step_time(graph: Any, strategy: Strategy, cluster: Cluster, cost
         t = np.vstack([np.bincount(np.asarray(grp), weights=row, minlength=graph.num_nodes) for row in t])
     if getattr(costs, "free_ops", "measured") == "zero":
         t = np.where(graph.free[None, :], 0.0, t)
-    return simulate(graph, strategy, cluster, RunProfileCosts(costs, graph, job.ref_fraction, t), order).step_time_s
+    return RunProfileCosts(costs, graph, job.ref_fraction, t)
+
+
+def interleaved_step_time(graph: Any, strategy: Strategy, cluster: Cluster, costs: CostModel, job: Job, reference_s: np.ndarray,
+                          order: str = "strict", reference_rank: np.ndarray | None = None) -> float | None:
+    """The simulated step of the plan with its ops' times profiled during the real run
+    (:func:`interleaved_costs`).  A shared machine's speed moves by tens of percent between
+    minutes (``python -m harness.calibrate --drift``); a profile interleaved with the measured
+    steps sees the same machine they do.  None where there is no such profile of the plan."""
+    run_costs = interleaved_costs(graph, cluster, costs, job, reference_s, reference_rank)
+    return None if run_costs is None else simulate(graph, strategy, cluster, run_costs, order).step_time_s
 
 
 # ---------------------------------------------------------------------------- reference

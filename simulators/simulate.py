@@ -47,6 +47,10 @@ class SimResult:
     extras: dict[str, Any] = field(default_factory=dict, repr=False)
     #: sim=realrun with ``trace``: the real run's events per rank (see ``Measured.timeline``)
     measured_timeline: dict[str, Any] | None = field(default=None, repr=False)
+    #: sim=realrun with ``interleave_profile``: the plan's cost model with the ops' times profiled
+    #: during the run (``simulators.realrun.interleaved_costs``), to simulate the plan again with
+    #: them on another cluster description (``experiments.sim_accuracy``'s communication models)
+    interleaved_costs: Any = field(default=None, repr=False)
 
     @property
     def gap(self) -> float:

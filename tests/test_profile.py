@@ -215,9 +215,10 @@ def test_calibration_yaml_builds_a_cluster():
     text = cluster_yaml({**link, "send_gap_s": gaps, "send_hot_s": 3e-5, "send_cold_s": 2e-4, "send_tau_s": 5e-3}, 1, "today")
     assert "0.05, 2, 20 ms of matmuls took (median) 31, 100, 230 us" in text
     assert yaml.safe_load(text)["host_comm"] == {"per_message_us": 80.0, "copy_GBps": 4.0, "send_cold_us": 200.0, "send_tau_us": 5000}
-    # with the relay measurement: reported for the recv_when: busy model, host_comm unchanged
+    # with the relay measurement: the recv_when: busy model's figure, the model itself left at its default
     text = cluster_yaml({**link, "recv_idle_s": 3e-5}, 1, "today")
-    assert yaml.safe_load(text)["host_comm"] == {"per_message_us": 80.0, "copy_GBps": 4.0}
+    assert yaml.safe_load(text)["host_comm"] == {"per_message_us": 80.0, "copy_GBps": 4.0, "recv_idle_us": 30.0}
+    assert "recv_when" not in yaml.safe_load(text)["host_comm"]
     assert "A receiver that waited for its message pays 30.0 us in the op after the wait" in text
     # the committed cpu2 preset composes
     from experiments.common import compose

@@ -314,7 +314,7 @@ def test_interleaved_step_time_uses_the_reference_times_of_the_plan_nodes():
     the plain one - for a placement, for data parallelism (the reference ran the B/k graph; its
     weight updates are asked for at fraction 1) and for a layer-granularity plan (aten times
     summed per coarse node); scaled times give a different step."""
-    from simulators.realrun import interleaved_step_time
+    from simulators.realrun import interleaved_costs, interleaved_step_time
     from simulators.simulate import simulate
 
     for algo_name, gran in (("round_robin", "aten"), ("data_parallel", "aten"), ("round_robin", "layer")):
@@ -358,8 +358,15 @@ def test_interleaved_step_time_uses_the_reference_times_of_the_plan_nodes():
     two = np.vstack([base, 3 * base])
     assert interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, two, reference_rank=np.array([0, 1])) == pytest.approx(want)
     assert interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, two, reference_rank=np.array([1, 0])) == pytest.approx(3 * want)
-    # without ranks (or for a rank that ran none) the median over all reference steps
+    # without ranks (or for a rank that ran none) the mean over all reference steps
     assert interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, two) == pytest.approx(2 * want)
+    # means, not medians: one slow step in three counts, as it does in the measured mean step
+    three = np.vstack([base, base, 4 * base])
+    assert interleaved_step_time(plan.graph, plan.strategy, cluster, costs, job, three, reference_rank=np.zeros(3, dtype=int)) == pytest.approx(2 * want)
+    # interleaved_costs is the cost model behind it, to simulate the plan on another cluster description
+    run_costs = interleaved_costs(plan.graph, cluster, costs, job, three, np.zeros(3, dtype=int))
+    assert np.allclose(run_costs.node_times(plan.graph, 0), 2 * base) and simulate(plan.graph, plan.strategy, cluster, run_costs).step_time_s == pytest.approx(2 * want)
+    assert interleaved_costs(plan.graph, cluster, costs, job, np.zeros((0, job.eg.num_nodes))) is None
 
 
 # ---------------------------------------------------------------------------- refusals (no processes)

@@ -24,6 +24,10 @@ def test_quick_run_writes_table_figure_and_readme(tmp_path):
     # the same plan simulated with the profile the ranks took between the measured steps
     assert r["interleaved_s"] > 0 and r["interleaved_error"] == pytest.approx(r["interleaved_s"] / r["measured_s"] - 1)
     assert "profile interleaved with the run: mean absolute error" in readme
+    # and under the simulator's other host_comm model, with both profiles (cpu2 is calibrated with recv_idle_us)
+    assert r["busy_s"] > 0 and r["busy_error"] == pytest.approx(r["busy_s"] / r["measured_s"] - 1)
+    assert r["interleaved_busy_error"] == r["interleaved_busy_error"]  # not NaN
+    assert "`host_comm.recv_when: busy`" in readme and "with the interleaved profile, mean absolute error" in readme
     assert list((tmp_path / "profiles").glob("*/lenet5_aten_*.parquet"))
 
 
@@ -43,6 +47,9 @@ def test_repeated_runs_report_the_round_with_the_median_error():
     r = sim_accuracy.combine_runs(inter)
     assert r["simulated_s"] == 0.024 and r["interleaved_error"] == pytest.approx(0.02)
     assert r["interleaved_run_errors"] == "+5.0% -1.0% n/a"
+    busy = [{**row, "busy_error": e, "interleaved_busy_error": e / 2} for row, e in zip(rows, (0.3, 0.1, -0.2))]
+    r = sim_accuracy.combine_runs(busy)
+    assert r["busy_error"] == pytest.approx(0.1) and r["interleaved_busy_error"] == pytest.approx(0.05)
     refused = {"model": "m", "algo": "fddps", "status": "refused", "note": "rewritten graph"}
     assert sim_accuracy.combine_runs([refused]) == refused
 
@@ -51,3 +58,19 @@ def test_median_profile_takes_the_median_per_op():
     frames = [pd.DataFrame({"sig": ["x", "y"], "time_s": [t, 2 * t], "time_mean_s": [t, t], "time_min_s": [t, t]}) for t in (1.0, 3.0, 2.0)]
     m = sim_accuracy.median_profile(frames)
     assert m["time_s"].tolist() == [2.0, 4.0] and m["sig"].tolist() == ["x", "y"]
+
+
+def test_busy_model_switches_only_the_receive_model():
+    """busy_model: cpu2 with host_comm.recv_when: busy, every other figure the same; None for a
+    cluster without a calibrated recv_idle_us; a receive that waited then costs recv_idle_us."""
+    from hydra.utils import instantiate
+
+    from experiments.common import compose
+
+    cpu2 = instantiate(compose(["cluster=cpu2"]).cluster, _convert_="all")
+    busy = sim_accuracy.busy_model(cpu2)
+    assert busy.meta["host_comm"] == {**cpu2.meta["host_comm"], "recv_when": "busy"}
+    assert cpu2.meta["host_comm"].get("recv_when", "always") == "always"  # the original is left alone
+    assert (busy.route_lat == cpu2.route_lat).all() and busy.meta["collective"] == cpu2.meta["collective"]
+    bare = instantiate(compose(["cluster=cpu2", "~cluster.host_comm.recv_idle_us"]).cluster, _convert_="all")
+    assert sim_accuracy.busy_model(bare) is None
