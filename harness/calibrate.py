@@ -475,8 +475,8 @@ def _send_gap_comment(link: dict[str, Any]) -> str:
 
 def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
     lat, bw, clat, cbw = link["lat_s"], link["bw_Bps"], link["coll_lat_s"], link["coll_bw_Bps"]
-    cold = f", send_cold_us: {link['send_cold_s'] * 1e6:.1f}, send_tau_us: {link['send_tau_s'] * 1e6:.0f}" if "send_cold_s" in link else ""
-    cold += f", recv_idle_us: {link['recv_idle_s'] * 1e6:.1f}" if "recv_idle_s" in link else ""
+    extra = f", send_cold_us: {link['send_cold_s'] * 1e6:.1f}, send_tau_us: {link['send_tau_s'] * 1e6:.0f}" if "send_cold_s" in link else ""
+    extra += f", recv_idle_us: {link['recv_idle_s'] * 1e6:.1f}" if "recv_idle_s" in link else ""
     relay = (f"""# A receiver that waited for its message pays {link['recv_idle_s'] * 1e6:.1f} us in the op after the wait: two ranks relaying a
 # message with three 64x64 matmuls before each send took that much per hop more than a plain relay plus the matmuls.
 # The simulator's host_comm.recv_when: busy charges it (recv_idle_us) instead of per_message_us to a receiver that
@@ -510,7 +510,7 @@ gpus: 2          # devices per host (CPU devices here)
 nodes: 1
 intra: {{topology: mesh, cls: loopback, bw_GBps: {bw / 1e9:.3f}, lat_us: {lat * 1e6:.2f}}}
 collective: {{lat_us: {clat * 1e6:.2f}, bw_GBps: {cbw / 1e9:.3f}}}
-host_comm: {{per_message_us: {link["msg_cpu_s"] * 1e6:.1f}, copy_GBps: {link["copy_cpu_Bps"] / 1e9:.3f}{cold}}}
+host_comm: {{per_message_us: {link["msg_cpu_s"] * 1e6:.1f}, copy_GBps: {link["copy_cpu_Bps"] / 1e9:.3f}{extra}}}
 """
 
 
