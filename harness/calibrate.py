@@ -36,6 +36,10 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
   fitted to ``hot + cold (1 - exp(-gap / tau))``: cpu2's ``host_comm: {send_cold_us,
   send_tau_us}``, the extra a sender pays beyond ``per_message_us`` (which was measured with
   sends every few hundred microseconds);
+* the same for a receive (:func:`_recv_after_gap`): rank 1 computes ``gap`` seconds, then
+  waits for a small message from a hot sender; from the ``isend`` to the end of rank 1's next
+  op, beyond the op's own time, fitted the same way: cpu2's ``host_comm: {recv_cold_us,
+  recv_tau_us}``, which the simulator adds to the first reader of each received tensor;
 * (the simulator uses it only with ``host_comm.recv_when: busy``) what a receive
   costs a rank that waited for it: two ranks relay a small message with a short op before
   each send, against a plain relay plus the op timed alone (:func:`_relay_cpu`), the
@@ -145,10 +149,15 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
                 h.wait()
         return time.perf_counter() - t0
 
+    msg_cpu: list[float] = []
+    big_cpu: list[float] = []
     with IdleSpinners(cores if spin else []):
         # streams of messages, as a real run's follow one another: the mean per message counts
         # the slow ones (a peer that has to be woken) the median would drop; the sizes are
-        # visited ``rounds`` times, so that a slow minute of a shared machine spreads over all
+        # visited ``rounds`` times, so that a slow minute of a shared machine spreads over all.
+        # What a message costs the cores is sampled after every size, so that it too spreads
+        # over the whole calibration (three samples in a row gave 66 us one hour and 102 us the
+        # next on the cpu2 VM); its median is the figure
         for _ in range(rounds):
             for size in SIZES:
                 t = torch.ones(max(1, size // 4))
@@ -157,18 +166,21 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
                 p2p[size].append(stream(r, t, "p2p") / (2 * r))
                 stream(2, t, "allreduce")
                 coll[size].append(stream(r, t, "allreduce") / r)
-        msg_cpu = [_message_cpu(rank, peer, n_msg=64, reps=5) for _ in range(rounds)]
-        big_cpu = [_message_cpu(rank, peer, n_msg=32, reps=5, numel=BIG_MSG // 4) for _ in range(rounds)]
+                msg_cpu.append(_message_cpu(rank, peer, n_msg=64, reps=3))
+                big_cpu.append(_message_cpu(rank, peer, n_msg=32, reps=3, numel=BIG_MSG // 4))
         relay = [_relay_cpu(rank, peer, n_hops=200, reps=5) for _ in range(rounds)]
         busy = {"late": _busy_sender(rank, peer, reps=20 * rounds, early=False), "early": _busy_sender(rank, peer, reps=20 * rounds)}
         gaps = _send_after_gap(rank, peer, rounds)
+        recv_gaps = _recv_after_gap(rank, peer, rounds)
     if rank == 0:
         Path(out).write_text(json.dumps({"p2p": {s: statistics.fmean(v) for s, v in p2p.items()},
                                          "allreduce": {s: statistics.fmean(v) for s, v in coll.items()},
-                                         "msg_cpu_s": statistics.fmean(msg_cpu), "big_msg_cpu_s": statistics.fmean(big_cpu),
+                                         "msg_cpu_s": statistics.median(msg_cpu), "big_msg_cpu_s": statistics.median(big_cpu),
+                                         "msg_cpu_samples_s": msg_cpu,
                                          "recv_idle_s": statistics.fmean(relay)}))
     if rank == 1:
         Path(out + ".busy").write_text(json.dumps(busy))
+        Path(out + ".recv_gaps").write_text(json.dumps(recv_gaps))
     else:
         Path(out + ".gaps").write_text(json.dumps(gaps))
     dist.destroy_process_group()
@@ -206,6 +218,15 @@ def _message_cpu(rank: int, peer: int, n_msg: int, reps: int, numel: int = 64) -
     return max(0.0, (talking - alone) / n_msg / 2)
 
 
+def _relay_op(a: Any, b: Any) -> None:
+    """The short op the relay and the receive-after-gap sweep time after a receive: three
+    matmuls of ``a`` and ``b`` (64 x 64)."""
+    import torch
+
+    for _ in range(3):
+        torch.mm(a, b)
+
+
 def _relay_cpu(rank: int, peer: int, n_hops: int, reps: int) -> float:
     """What a receive costs a rank that waited for it: the two ranks relay a small message
     back and forth ``n_hops`` times (receives posted up front, as ``sim=realrun`` posts them),
@@ -220,8 +241,7 @@ def _relay_cpu(rank: int, peer: int, n_hops: int, reps: int) -> float:
     msg = torch.ones(16)
 
     def op() -> None:
-        for _ in range(3):
-            torch.mm(a, b)
+        _relay_op(a, b)
 
     def relay(with_op: bool) -> float:
         mine = [j for j in range(n_hops) if j % 2 != rank]  # hop j is sent by rank j % 2
@@ -303,6 +323,51 @@ def _send_after_gap(rank: int, peer: int, rounds: int, n_msg: int = 24) -> dict[
                     h.wait()
                 if rank == 0:
                     out[str(gap)].append(statistics.median(ts[2:]))
+    return out
+
+
+def _recv_after_gap(rank: int, peer: int, rounds: int, n_msg: int = 24) -> dict[str, list[float]]:
+    """What a receive costs rank 1 after it computed ``gap`` seconds (matmuls) since its
+    previous network traffic, then waited for a small message (receive posted before the
+    round, as ``sim=realrun`` posts them): from rank 0's ``isend`` (rank 0 spins meanwhile, so
+    that its send stays hot) to rank 1's wait returning, plus how much longer rank 1's first op
+    after the wait (three 64 x 64 matmuls) takes than the same op right after it; per gap
+    (key), the median over ``n_msg`` rounds, per round.  On the cpu2 VM this grows from 80-120 us
+    to 210-290 us after 5 ms and 290-390 us after 20 ms: the receiver's network stack leaves the
+    caches as the sender's does (:func:`_send_after_gap`)."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(96, 96), torch.randn(96, 96)
+    mm = _matmul_s(a, b)
+    ra, rb = torch.randn(64, 64), torch.randn(64, 64)
+    stamp = torch.zeros(1, dtype=torch.float64)
+    out: dict[str, list[float]] = {str(g): [] for g in SEND_GAPS}
+    for _ in range(rounds):
+        for gap in SEND_GAPS:
+            n = max(1, int(round(gap / mm)))
+            ts = []
+            for j in range(n_msg):
+                h = dist.irecv(stamp, peer, tag=j) if rank == 1 else None
+                dist.barrier()
+                if rank == 1:
+                    for _ in range(n):
+                        torch.mm(a, b)
+                    h.wait()
+                    t_woke = time.perf_counter()
+                    _relay_op(ra, rb)
+                    t_op = time.perf_counter() - t_woke
+                    t1 = time.perf_counter()
+                    _relay_op(ra, rb)
+                    ts.append(t_woke - float(stamp.item()) + t_op - (time.perf_counter() - t1))
+                else:
+                    t_end = time.perf_counter() + n * mm + 3e-4  # until the receiver waits
+                    while time.perf_counter() < t_end:
+                        pass
+                    stamp[0] = time.perf_counter()
+                    dist.isend(stamp, peer, tag=j).wait()
+            if rank == 1:
+                out[str(gap)].append(statistics.median(ts[2:]))
     return out
 
 
@@ -427,6 +492,7 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
         res = json.loads(Path(out).read_text())
         busy = json.loads(Path(out + ".busy").read_text())
         gaps = json.loads(Path(out + ".gaps").read_text())
+        recv_gaps = json.loads(Path(out + ".recv_gaps").read_text())
     sizes = np.array([float(s) for s in res["p2p"]])
     lat, inv_bw = _fit(sizes, np.array(list(res["p2p"].values())))
     big = sizes >= COLL_FIT_MIN
@@ -435,8 +501,9 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
             "recv_idle_s": res["recv_idle_s"],
             "busy_sender_mean_s": statistics.fmean(busy["early"]), "busy_sender_median_s": statistics.median(busy["early"]),
             "busy_sender_late_mean_s": statistics.fmean(busy["late"]), "busy_sender_late_median_s": statistics.median(busy["late"]),
-            "copy_cpu_Bps": BIG_MSG / max(res["big_msg_cpu_s"] - res["msg_cpu_s"], 1e-9),
+            "copy_cpu_Bps": BIG_MSG / max(res["big_msg_cpu_s"] - res["msg_cpu_s"], 1e-9), "msg_cpu_samples_s": res.get("msg_cpu_samples_s", []),
             "send_gap_s": gaps, **dict(zip(("send_hot_s", "send_cold_s", "send_tau_s"), fit_send_gap(gaps))),
+            "recv_gap_s": recv_gaps, **dict(zip(("recv_hot_s", "recv_cold_s", "recv_tau_s"), fit_send_gap(recv_gaps))),
             "p2p_s": res["p2p"], "allreduce_s": res["allreduce"]}
 
 
@@ -473,10 +540,29 @@ def _send_gap_comment(link: dict[str, Any]) -> str:
 """
 
 
+def _samples(link: dict[str, Any]) -> str:
+    v = link.get("msg_cpu_samples_s") or []
+    if len(v) < 2:
+        return ""
+    return f" (median of {len(v)} samples spread over the calibration, {min(v) * 1e6:.0f}-{max(v) * 1e6:.0f} us)"
+
+
+def _recv_gap_comment(link: dict[str, Any]) -> str:
+    if "recv_gap_s" not in link:
+        return ""
+    gaps = link["recv_gap_s"]
+    return f"""# So does a receive: a rank that computed {", ".join(f"{float(g) * 1e3:g}" for g in gaps)} ms of matmuls, then waited for a small
+# message from a hot sender, took (median) {", ".join(f"{statistics.median(v) * 1e6:.0f}" for v in gaps.values())} us from the isend to the end of its next op, beyond the op;
+# fitted: hot {link["recv_hot_s"] * 1e6:.0f} us, cold {link["recv_cold_s"] * 1e6:.0f} us, tau {link["recv_tau_s"] * 1e6:.0f} us. The simulator adds cold (1 - exp(-gap / tau)) to the
+# first reader of each received tensor, the gap being the compute its device ran since its previous one (recv_cold_us, recv_tau_us).
+"""
+
+
 def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
     lat, bw, clat, cbw = link["lat_s"], link["bw_Bps"], link["coll_lat_s"], link["coll_bw_Bps"]
     extra = f", send_cold_us: {link['send_cold_s'] * 1e6:.1f}, send_tau_us: {link['send_tau_s'] * 1e6:.0f}" if "send_cold_s" in link else ""
     extra += f", recv_idle_us: {link['recv_idle_s'] * 1e6:.1f}" if "recv_idle_s" in link else ""
+    extra += f", recv_cold_us: {link['recv_cold_s'] * 1e6:.1f}, recv_tau_us: {link['recv_tau_s'] * 1e6:.0f}" if "recv_cold_s" in link else ""
     relay = (f"""# A receiver that waited for its message pays {link['recv_idle_s'] * 1e6:.1f} us in the op after the wait: two ranks relaying a
 # message with three 64x64 matmuls before each send took that much per hop more than a plain relay plus the matmuls.
 # The simulator's host_comm.recv_when: busy charges it (recv_idle_us) instead of per_message_us to a receiver that
@@ -498,8 +584,8 @@ def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
 # for all-reduce instead of the links' figures).
 # host_comm: what a transfer costs each endpoint's core in compute (gloo's sends and receives are
 # CPU copies on the ranks' own cores): both ranks run a matmul loop alone and while exchanging
-# small and 1 MiB messages; slowdown per message and side {link["msg_cpu_s"] * 1e6:.1f} us, bytes at {link["copy_cpu_Bps"] / 1e9:.2f} GB/s.
-{relay}{_send_gap_comment(link)}# Not modelled: a small message posted by a rank that goes on computing arrives after
+# small and 1 MiB messages; slowdown per message and side {link["msg_cpu_s"] * 1e6:.1f} us, bytes at {link["copy_cpu_Bps"] / 1e9:.2f} GB/s{_samples(link)}.
+{relay}{_send_gap_comment(link)}{_recv_gap_comment(link)}# Not modelled: a small message posted by a rank that goes on computing arrives after
 # {link.get("busy_sender_mean_s", float("nan")) * 1e6:.0f} us on average (median {link.get("busy_sender_median_s", float("nan")) * 1e6:.0f} us) with its receive posted before the step, as
 # sim=realrun does; {link.get("busy_sender_late_mean_s", float("nan")) * 1e6:.0f} us (median {link.get("busy_sender_late_median_s", float("nan")) * 1e6:.0f} us) posted later (sim.early_recv=false).
 defaults:
@@ -555,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
           "when it was posted while the sender computes")
     print(f"isend after a gap of compute: {', '.join(f'{float(g) * 1e3:g} ms {statistics.median(v) * 1e6:.0f} us' for g, v in link['send_gap_s'].items())}; "
           f"fit hot {link['send_hot_s'] * 1e6:.0f} us + cold {link['send_cold_s'] * 1e6:.0f} us (1 - exp(-gap / {link['send_tau_s'] * 1e6:.0f} us))")
+    print(f"a receive after a gap of compute: {', '.join(f'{float(g) * 1e3:g} ms {statistics.median(v) * 1e6:.0f} us' for g, v in link['recv_gap_s'].items())}; "
+          f"fit hot {link['recv_hot_s'] * 1e6:.0f} us + cold {link['recv_cold_s'] * 1e6:.0f} us (1 - exp(-gap / {link['recv_tau_s'] * 1e6:.0f} us))")
     print(f"a message's compute cost: {link['msg_cpu_s'] * 1e6:.1f} us per side to busy ranks; {link['recv_idle_s'] * 1e6:.1f} us "
           "to a receiver that waited for it (in its next op)")
     for s, t in link["p2p_s"].items():

@@ -339,6 +339,19 @@ def _csr(n: int, keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.nda
     return ptr, vals[order]
 
 
+def _cold_recv_s(sh: Shards, reader: np.ndarray, host: dict) -> np.ndarray:
+    """Extra time of each transfer's first reader on a host whose receives, like its sends
+    (:func:`_cold_send_s`), cost more the longer the receiving core computed since its previous
+    one (``host_comm: {recv_cold_us, recv_tau_us}``, measured by ``harness.calibrate``: on the
+    cpu2 VM from a hot sender's ``isend`` to the end of the receiver's next op took 80-120 us
+    after another receive, 210-290 us after 5 ms of compute and 290-390 us after 20 ms):
+    ``recv_cold_us * (1 - exp(-gap / recv_tau_us))``, the gap being the compute the receiving
+    device ran (in its schedule order) since the previous shard that first read a received
+    tensor; zero without those keys."""
+    return _cold_s(sh, reader, np.ones(len(reader), dtype=bool), float(host.get("recv_cold_us", 0.0)) * 1e-6,
+                   float(host.get("recv_tau_us", 1.0)) * 1e-6, at_start=True)
+
+
 def _cold_send_s(sh: Shards, t_src: np.ndarray, own: np.ndarray, host: dict) -> np.ndarray:
     """Extra sender time of each transfer on a host whose sends cost more the longer its core
     has computed since its previous send (``host_comm: {send_cold_us, send_tau_us}``, measured
@@ -349,11 +362,19 @@ def _cold_send_s(sh: Shards, t_src: np.ndarray, own: np.ndarray, host: dict) -> 
     sent and this one; the first send of a step counts from the step's start, and a
     producer's second transfer (to another device) follows its first at once.  Zero without
     those keys."""
-    cold = float(host.get("send_cold_us", 0.0)) * 1e-6
-    out = np.zeros(len(t_src))
-    if cold <= 0.0 or not len(t_src):
+    return _cold_s(sh, t_src, own, float(host.get("send_cold_us", 0.0)) * 1e-6, float(host.get("send_tau_us", 1.0)) * 1e-6)
+
+
+def _cold_s(sh: Shards, at: np.ndarray, own: np.ndarray, cold: float, tau: float, at_start: bool = False) -> np.ndarray:
+    """``cold * (1 - exp(-gap / tau))`` for each shard of ``at`` that ``own`` selects (one
+    per transfer), the gap being the compute its device ran, in schedule order, from the end
+    of the previous selected shard on that device (the device's start for the first) to the
+    end of this one - or to its start (``at_start``: a receive comes before its reader runs);
+    0 for a shard that appears twice."""
+    out = np.zeros(len(at))
+    if cold <= 0.0 or not len(at):
         return out
-    tau = max(float(host.get("send_tau_us", 1.0)) * 1e-6, 1e-12)
+    tau = max(tau, 1e-12)
     m = len(sh.node)
     seq = np.lexsort((np.arange(m), sh.prio, sh.dev))  # each device's shards in schedule order
     dev_sorted = sh.dev[seq]
@@ -366,13 +387,14 @@ def _cold_send_s(sh: Shards, t_src: np.ndarray, own: np.ndarray, host: dict) -> 
     pos = np.empty(m, dtype=np.int64)
     pos[seq] = np.arange(m)
     idx = np.flatnonzero(own)
-    srcs = t_src[idx]
-    order = np.lexsort((idx, pos[srcs]))  # sends in schedule order (device-major, as ``seq``)
-    sidx, s_src = idx[order], srcs[order]
-    s_dev, s_end = sh.dev[s_src], end_at[s_src]
+    shards = at[idx]
+    order = np.lexsort((idx, pos[shards]))  # in schedule order (device-major, as ``seq``)
+    sidx, s_at = idx[order], shards[order]
+    s_dev, s_end = sh.dev[s_at], end_at[s_at]
     new_dev = np.r_[True, s_dev[1:] != s_dev[:-1]]
     prev_end = np.where(new_dev, 0.0, np.r_[0.0, s_end[:-1]])
-    gap = np.maximum(s_end - prev_end, 0.0)  # a producer's second transfer: gap 0
+    this = s_end - comp[s_at] if at_start else s_end
+    gap = np.maximum(this - prev_end, 0.0)  # a shard met twice: gap 0
     out[sidx] = cold * (1.0 - np.exp(-gap / tau))
     return out
 
@@ -457,7 +479,9 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
         rcv = sh.e_dst[remote]
         by_order = np.lexsort((rcv, sh.prio[rcv], inv))
         head = np.flatnonzero(np.concatenate([[True], inv[by_order][1:] != inv[by_order][:-1]]))
-        np.add.at(dur, rcv[by_order][head], reader_s[inv[by_order][head]])
+        reader = np.empty(nt, dtype=np.int64)  # each transfer's first reader (in order)
+        reader[inv[by_order][head]] = rcv[by_order][head]
+        np.add.at(dur, reader, reader_s + _cold_recv_s(sh, reader, host))
         if when == "busy":
             steal = np.zeros(T)
             steal[m:m + nt] = np.maximum(recv_s - reader_s, 0.0)

@@ -220,6 +220,14 @@ def test_calibration_yaml_builds_a_cluster():
     assert yaml.safe_load(text)["host_comm"] == {"per_message_us": 80.0, "copy_GBps": 4.0, "recv_idle_us": 30.0}
     assert "recv_when" not in yaml.safe_load(text)["host_comm"]
     assert "A receiver that waited for its message pays 30.0 us in the op after the wait" in text
+    # with the receive-after-gap sweep: its fit goes into host_comm too, its medians into the comment
+    text = cluster_yaml({**link, "recv_gap_s": {"5e-05": [8e-5], "0.005": [2.9e-4]}, "recv_hot_s": 8e-5, "recv_cold_s": 2.8e-4,
+                         "recv_tau_s": 5e-3}, 1, "today")
+    assert yaml.safe_load(text)["host_comm"] == {"per_message_us": 80.0, "copy_GBps": 4.0, "recv_cold_us": 280.0, "recv_tau_us": 5000}
+    assert "computed 0.05, 5 ms of matmuls, then waited" in text and "took (median) 80, 290 us" in text
+    # the per-message samples spread over the calibration: their range in the comment
+    text = cluster_yaml({**link, "msg_cpu_samples_s": [5e-5, 1e-4, 8e-5]}, 1, "today")
+    assert "(median of 3 samples spread over the calibration, 50-100 us)" in text
     # the committed cpu2 preset composes
     from experiments.common import compose
 

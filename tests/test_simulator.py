@@ -251,6 +251,44 @@ def test_cold_sends_cost_the_sender_by_the_compute_since_its_previous_send():
     assert not _cold_send_s(sh, t_src, own, {"per_message_us": 100.0, "copy_GBps": 1.0}).any()
 
 
+def test_cold_receives_cost_the_reader_by_the_compute_since_the_previous_receive():
+    """host_comm.recv_cold_us / recv_tau_us: the first reader of a received tensor pays cold
+    (1 - exp(-gap / tau)) more, the gap being its device's compute (in schedule order) from the
+    end of the previous first reader to this reader's start, from the step's start for the
+    first; a reader of two received tensors pays once (``_cold_recv_s`` on the shards of the
+    test above); through ``build_taskgraph`` the reader's duration carries it, under both
+    receive models, and nothing changes without the keys."""
+    from types import SimpleNamespace
+
+    from harness.cluster import build_cluster
+    from simulators.taskgraph import _cold_recv_s
+    from tests.conftest import DEVICE
+
+    sh = SimpleNamespace(node=np.arange(5), dev=np.array([0, 0, 0, 0, 1]), prio=np.array([0, 1, 2, 3, 0]),
+                         dur=np.array([1e-3, 2e-3, 3e-3, 1e-3, 0.5e-3]), is_coll=np.zeros(5, dtype=bool))
+    readers = np.array([2, 0, 4, 2])  # c reads two tensors, a one, e one
+    host = {"recv_cold_us": 300.0, "recv_tau_us": 4000.0}
+    cold = lambda gap: 300e-6 * (1 - np.exp(-gap / 4e-3))  # noqa: E731
+    # a: from the step's start to its start, 0; c: from a's end (1 ms) to c's start (3 ms); e: 0
+    np.testing.assert_allclose(_cold_recv_s(sh, readers, host), [cold(2e-3), 0.0, 0.0, 0.0], rtol=1e-12, atol=1e-15)
+    assert not _cold_recv_s(sh, readers, {"per_message_us": 100.0}).any()
+
+    # a -> (message) -> c on device 1, which first runs b: c's gap is b's time
+    g = make_graph(3, [(0, 2)], [1e6, 5e9, 1e6], [40_000])
+    strat = Strategy.placement([0, 1, 1], [0, 0, 1])
+    base = {"per_message_us": 50.0, "copy_GBps": 4.0, "recv_idle_us": 20.0}
+    for when in ("always", "busy"):
+        def tg_of(extra):
+            c = build_cluster("cpu", DEVICE, gpus=2, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0},
+                              host_comm={**base, "recv_when": when, **extra})
+            return simulate(g, strat, c, AnalyticalCostModel(c, launch_us=0.0)).taskgraph
+        plain, warm = tg_of({}), tg_of(host)
+        b, c = (int(np.flatnonzero((plain.kind == COMPUTE) & (plain.node == i))[0]) for i in (1, 2))
+        np.testing.assert_allclose(warm.dur[c] - plain.dur[c], cold(plain.dur[b]), rtol=1e-9)
+        others = np.arange(len(plain.dur)) != c
+        np.testing.assert_array_equal(warm.dur[others], plain.dur[others])
+
+
 def test_measured_collective_replaces_the_links_in_the_ring_formula():
     from harness.cluster import build_cluster
     from tests.conftest import DEVICE
