@@ -102,8 +102,6 @@ def run_chain(point: tuple[int, int, int], algo: str, steps: int, warmup: int) -
 
 def with_host_comm(cluster: Any, per_message_us: float, copy_GBps: float, cold_scale: float) -> Any:
     """``cluster`` with these message figures (the cold parts scaled from its own)."""
-    from harness.cluster import Cluster
-
     h = dict(cluster.meta.get("host_comm") or {})
     h.update(per_message_us=per_message_us, copy_GBps=copy_GBps)
     for k in ("send_cold_us", "recv_cold_us"):
@@ -111,7 +109,13 @@ def with_host_comm(cluster: Any, per_message_us: float, copy_GBps: float, cold_s
             h[k] = float(h[k]) * cold_scale
     h.pop("send_us", None)
     h.pop("recv_us", None)
-    return Cluster(cluster.name, cluster.devices, cluster.links, cluster.routes, {**cluster.meta, "host_comm": h})
+    return cluster.with_host_comm(h)
+
+
+def calibrated(cluster: Any) -> dict[str, float]:
+    """``cluster``'s own message figures, in the terms of :data:`GRID`."""
+    own = cluster.meta.get("host_comm") or {}
+    return {"per_message_us": float(own.get("per_message_us", 0.0)), "copy_GBps": float(own.get("copy_GBps", 1e6)), "cold_scale": 1.0}
 
 
 def simulated(runs: Sequence[ChainRun], figures: dict[str, float]) -> np.ndarray:
@@ -127,8 +131,7 @@ def fit_host_comm(runs: Sequence[ChainRun], grid: dict[str, list[float]] | None 
     Ties keep the first candidate in grid order (cpu2's own first)."""
     grid = grid or GRID
     meas = np.array([r.measured_s for r in runs])
-    own = runs[0].cluster.meta.get("host_comm") or {}
-    cands = [{"per_message_us": float(own.get("per_message_us", 0.0)), "copy_GBps": float(own.get("copy_GBps", 1e6)), "cold_scale": 1.0}]
+    cands = [calibrated(runs[0].cluster)]
     cands += [dict(zip(grid, v)) for v in itertools.product(*grid.values())]
     best: tuple[float, dict[str, float], np.ndarray] | None = None
     for c in tqdm(cands, desc="fitting the message figures", unit="setting", leave=False):
@@ -141,8 +144,7 @@ def fit_host_comm(runs: Sequence[ChainRun], grid: dict[str, list[float]] | None 
 
 
 def write_outputs(runs: Sequence[ChainRun], fit: dict[str, float], out: Path, meta: dict[str, Any]) -> pd.DataFrame:
-    own = runs[0].cluster.meta.get("host_comm") or {}
-    own_fig = {"per_message_us": float(own.get("per_message_us", 0.0)), "copy_GBps": float(own.get("copy_GBps", 1e6)), "cold_scale": 1.0}
+    own_fig = calibrated(runs[0].cluster)
     sim_own, sim_fit = simulated(runs, own_fig), simulated(runs, fit)
     df = pd.DataFrame({"chain": [r.name for r in runs], "algo": [r.algo for r in runs], "sends": [r.sends for r in runs],
                        "measured_s": [r.measured_s for r in runs], "simulated_cpu2_s": sim_own, "simulated_fit_s": sim_fit})

@@ -129,12 +129,10 @@ def busy_model(cluster: Any) -> Any | None:
     ``recv_idle_us``, a computing one ``per_message_us`` taken from the op it runs), the
     simulator's other model of what a message costs a CPU rank; None where the cluster has no
     calibrated ``recv_idle_us`` (``python -m harness.calibrate --write`` measures it)."""
-    from harness.cluster import Cluster
-
     host = cluster.meta.get("host_comm") or {}
     if "recv_idle_us" not in host:
         return None
-    return Cluster(cluster.name, cluster.devices, cluster.links, cluster.routes, {**cluster.meta, "host_comm": {**host, "recv_when": "busy"}})
+    return cluster.with_host_comm({**host, "recv_when": "busy"})
 
 
 def _has_interleaved(ok: pd.DataFrame) -> bool:

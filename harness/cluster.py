@@ -120,6 +120,11 @@ class Cluster:
         routes = [[tuple(remap[l] for l in self.routes[i][j]) for j in range(k)] for i in range(k)]
         return Cluster(f"{self.name}[:{k}]", self.devices[:k], links, routes, dict(self.meta))
 
+    def with_host_comm(self, host_comm: Mapping[str, Any]) -> "Cluster":
+        """The same cluster with other ``host_comm`` figures (what a message costs a CPU rank's
+        core, see :func:`simulators.taskgraph.build_taskgraph`); this one is left as it is."""
+        return Cluster(self.name, self.devices, self.links, self.routes, {**self.meta, "host_comm": dict(host_comm)})
+
     def describe(self) -> str:
         spec = self.devices[0].spec
         hosts = len({d.host for d in self.devices})
