@@ -74,3 +74,100 @@ def test_busy_model_switches_only_the_receive_model():
     assert (busy.route_lat == cpu2.route_lat).all() and busy.meta["collective"] == cpu2.meta["collective"]
     bare = instantiate(compose(["cluster=cpu2", "~cluster.host_comm.recv_idle_us"]).cluster, _convert_="all")
     assert sim_accuracy.busy_model(bare) is None
+
+
+def _case(model: str, algo: str, sim: float, meas: float, inter: float | None = None, runs: str = "", status: str = "ok") -> dict:
+    """One row of a sim_accuracy table with the columns the rank summary reads."""
+    return {"model": model, "algo": algo, "status": status, "simulated_s": sim, "measured_s": meas,
+            "interleaved_s": sim if inter is None else inter, "run_spread": 0.1,
+            "measured_runs_ms": runs or f"{meas * 1e3:.2f} {meas * 1e3:.2f}"}
+
+
+def test_kendall_tau_and_regret_on_known_orders():
+    nan = float("nan")
+    assert sim_accuracy.kendall_tau([1, 2, 3], [10, 20, 30]) == (pytest.approx(1.0), "")
+    assert sim_accuracy.pick_regret([1, 2, 3], [10, 20, 30]) == (0.0, [0], "")
+    assert sim_accuracy.kendall_tau([3, 2, 1], [10, 20, 30]) == (pytest.approx(-1.0), "")
+    assert sim_accuracy.pick_regret([3, 2, 1], [10, 20, 30]) == (pytest.approx(30 / 10 - 1), [2], "")
+    # a tie for the simulator's fastest: tau-b = (2 concordant - 0) / sqrt((3 - 1) * 3); the regret of the picks' mean
+    assert sim_accuracy.kendall_tau([1, 1, 2], [10, 20, 30])[0] == pytest.approx(2 / 6 ** 0.5)
+    assert sim_accuracy.pick_regret([1, 1, 2], [10, 20, 30]) == (pytest.approx(15 / 10 - 1), [0, 1], "")
+    # strategies without a time are left out; one left, or a side all equal: NaN with the reason
+    assert sim_accuracy.kendall_tau([1, nan, 3], [10, 20, 30]) == (pytest.approx(1.0), "")
+    for sim, meas in (([1.0], [10.0]), ([1, nan], [10, 20]), ([], [])):
+        tau, why = sim_accuracy.kendall_tau(sim, meas)
+        regret, picks, why_r = sim_accuracy.pick_regret(sim, meas)
+        assert tau != tau and regret != regret and picks == [] and why and why_r
+    tau, why = sim_accuracy.kendall_tau([2, 2, 2], [10, 20, 30])
+    assert tau != tau and why
+    assert sim_accuracy.pick_regret([2, 2, 2], [10, 20, 30])[0] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="one length"):
+        sim_accuracy.kendall_tau([1, 2], [1, 2, 3])
+
+
+def test_rank_summary_per_model_with_both_profiles_and_the_rounds_noise():
+    df = pd.DataFrame([
+        # before: reversed; interleaved: perfect order.  Rounds: the same order twice, then reversed
+        _case("a", "x", 0.3, 0.010, 0.010, "10.00 10.00 30.00"), _case("a", "y", 0.2, 0.020, 0.020, "20.00 20.00 20.00"),
+        _case("a", "z", 0.1, 0.030, 0.030, "30.00 30.00 10.00"), _case("a", "w", 0.0, 0.0, status="refused"),
+        # one strategy executed: NaN with a reason, never a crash
+        _case("b", "x", 0.1, 0.010), _case("b", "y", float("nan"), float("nan"), status="refused"),
+        # not profiled during the run
+        _case("c", "x", 0.1, 0.010, float("nan")), _case("c", "y", 0.2, 0.020, float("nan")),
+        # two rounds that disagree: either round's pick judged by the other
+        _case("d", "x", 0.1, 0.010, runs="10.00 15.00"), _case("d", "y", 0.2, 0.020, runs="20.00 20.00"),
+        _case("d", "z", 0.3, 0.030, runs="30.00 10.00"),
+    ])
+    s = sim_accuracy.rank_summary(df).set_index("model")
+    assert s.index.tolist() == ["a", "b", "c", "d"] and s["strategies"].tolist() == [3, 1, 2, 3]
+    a = s.loc["a"]
+    assert a["tau_b_before"] == pytest.approx(-1) and a["regret_before"] == pytest.approx(2.0) and a["pick_before"] == "z"
+    assert a["tau_b_interleaved"] == pytest.approx(1) and a["regret_interleaved"] == 0 and a["pick_interleaved"] == "x"
+    assert a["fastest"] == "x" and a["goal_met"] and a["note"] == ""
+    # round pairs (0, 1): tau 1, regret 0 both ways; (0, 2) and (1, 2): tau -1, regret 2 both ways
+    assert a["rounds"] == 3 and a["rounds_tau_b"] == pytest.approx(-1) and a["rounds_regret"] == pytest.approx(2.0)
+    assert a["spread_median"] == pytest.approx(0.1)
+    b = s.loc["b"]
+    assert all(b[k] != b[k] for k in ("tau_b_before", "regret_before", "tau_b_interleaved", "regret_interleaved"))
+    assert not b["goal_met"] and "before" in b["note"] and "interleaved" in b["note"] and "noise" in b["note"]
+    c = s.loc["c"]
+    assert c["tau_b_before"] == pytest.approx(1) and c["tau_b_interleaved"] != c["tau_b_interleaved"]
+    assert not c["goal_met"] and "interleaved" in c["note"] and "before" not in c["note"]
+    # round 0 picks x, 15 / 10 - 1 in round 1; round 1 picks z, 30 / 10 - 1 in round 0; tau-b (1 - 2) / 3
+    d = s.loc["d"]
+    assert d["rounds"] == 2 and d["rounds_regret"] == pytest.approx((0.5 + 2.0) / 2) and d["rounds_tau_b"] == pytest.approx(-1 / 3)
+    with pytest.raises(ValueError, match="measured_s"):
+        sim_accuracy.rank_summary(df.drop(columns="measured_s"))
+
+
+def test_summarize_only_rewrites_the_rank_summary_from_the_csv_alone(tmp_path):
+    committed = sim_accuracy.CONF.parent / "results" / "sim_accuracy"
+    before = {p.name: p.stat().st_mtime_ns for p in committed.iterdir()}
+    # m: before the run reversed, interleaved in order; n: in order
+    df = pd.DataFrame([_case("m", "x", 0.1, 0.030, 0.030), _case("m", "y", 0.2, 0.020, 0.020), _case("m", "z", 0.3, 0.010, 0.010),
+                       _case("n", "x", 0.1, 0.010), _case("n", "y", 0.2, 0.020)])
+    df.to_csv(tmp_path / "sim_accuracy.csv", index=False)
+    table = (tmp_path / "sim_accuracy.csv").read_bytes()
+    (tmp_path / "README.md").write_text("# the table's README\n")
+    assert sim_accuracy.main(["--summarize-only", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "sim_accuracy.csv", sim_accuracy.RANKS_CSV]
+    s = pd.read_csv(tmp_path / sim_accuracy.RANKS_CSV).set_index("model")
+    assert s.loc["m", "tau_b_before"] == pytest.approx(-1) and s.loc["m", "regret_before"] == pytest.approx(2.0)
+    assert s.loc["m", "tau_b_interleaved"] == pytest.approx(1) and s.loc["m", "regret_interleaved"] == 0
+    assert s.loc["n", "tau_b_before"] == pytest.approx(1) and bool(s.loc["n", "goal_met"])
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("# the table's README\n") and len(readme) > len("# the table's README\n")
+    # run again: the section is replaced, not appended twice; the table is left as it was
+    assert sim_accuracy.main(["--summarize-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "README.md").read_text() == readme
+    assert (tmp_path / "sim_accuracy.csv").read_bytes() == table
+    assert {p.name: p.stat().st_mtime_ns for p in committed.iterdir()} == before  # nothing written outside --out
+
+
+def test_summarize_only_refuses_a_missing_table_and_measuring_options(tmp_path, capsys):
+    for argv in (["--summarize-only", "--out", str(tmp_path)], ["--summarize-only", "--quick", "--out", str(tmp_path)]):
+        with pytest.raises(SystemExit) as e:
+            sim_accuracy.main(argv)
+        assert e.value.code == 2
+    assert "--quick" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
