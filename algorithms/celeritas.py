@@ -235,6 +235,7 @@ def coarse_graph(graph: OpGraph, cluster_of: np.ndarray, m: int, c: np.ndarray) 
         param_names=graph.param_names, param_bytes=graph.param_bytes, param_ptr=p_ptr, param_idx=pk % P,
         grad_node=remap(graph.grad_node.astype(np.int64)), update_node=remap(graph.update_node.astype(np.int64)),
         meta={**graph.meta, "coarsened_from": n, "coarsening": "celeritas"},
+        kernels=graph.kernels.remap(cluster_of) if graph.kernels is not None else None,
     )
     cg = OpGraph.from_unordered(**fields)
     if "renumbered_from" in cg.meta:  # cannot happen for intervals of a topological order (Lemma 2)

@@ -47,6 +47,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from harness.graph import BATCHED, PARTIAL, REPLICATED, OpGraph, edges_from_pairs
+from harness.kernels import GEMM, MEM, NCOLS, KernelTable
+from harness.precision import FP32
 
 #: op targets FD-DPS splits (Table 7: Conv2D, Conv2Dbp, MatMul)
 DEFAULT_SPLIT_OPS: tuple[str, ...] = (
@@ -116,8 +118,13 @@ def _channel_axis(graph: OpGraph, v: int, batch_axis: int) -> int:
     return ax if len(shape) >= 1 and shape[ax] >= 2 else -1
 
 
-def split_dim_of(graph: OpGraph, v: int, dim: str = "auto", axes: Sequence[int] | None = None) -> str | None:
-    """How node v can be split under ``dim``: ``"batch"``, ``"channel"`` or None."""
+def split_dim_of(graph: OpGraph, v: int, dim: str = "auto", axes: Sequence[int] | None = None,
+                 scaled: Sequence[bool] | None = None) -> str | None:
+    """How node v can be split under ``dim``: ``"batch"``, ``"channel"`` or None.
+
+    A ``partial`` op splits along the batch only when its work shrinks with the batch
+    (:meth:`~harness.graph.OpGraph.batch_scaled`: it reads a batched tensor); ``scaled`` is
+    that array when the caller has it (worked out here, for a partial node, otherwise)."""
     axes = _batch_axis(graph) if axes is None else axes
     role = int(graph.batch_role[v])
     batch_ok = False
@@ -127,7 +134,7 @@ def split_dim_of(graph: OpGraph, v: int, dim: str = "auto", axes: Sequence[int] 
             ax = axes[v]
             batch_ok = ax >= 0 and (shape is None or (ax < len(shape) and shape[ax] >= 2))
         elif role == PARTIAL:
-            batch_ok = True
+            batch_ok = bool((graph.batch_scaled() if scaled is None else scaled)[v])
     channel_ok = role == BATCHED and not graph.free[v] and _channel_axis(graph, v, axes[v]) >= 0
     if dim in ("auto", "batch") and batch_ok:
         return "batch"
@@ -139,6 +146,7 @@ def split_dim_of(graph: OpGraph, v: int, dim: str = "auto", axes: Sequence[int] 
 def choose_splits(graph: OpGraph, times: np.ndarray, rule: SplitRule) -> dict[int, str]:
     """The operators to split (Table 6's decision) and the dimension of each."""
     axes = _batch_axis(graph)
+    scaled = graph.batch_scaled()
     pbytes = param_bytes_read(graph)
     min_t = rule.min_time_ms * 1e-3
     max_p = rule.max_param_MiB * 2**20
@@ -147,7 +155,7 @@ def choose_splits(graph: OpGraph, times: np.ndarray, rule: SplitRule) -> dict[in
     for v in np.flatnonzero((times >= min_t) & (pbytes <= max_p)).tolist():
         if graph.targets[v] not in ops:
             continue
-        d = split_dim_of(graph, v, rule.dim, axes)
+        d = split_dim_of(graph, v, rule.dim, axes, scaled)
         if d is not None:
             out[v] = d
     return out
@@ -164,6 +172,34 @@ def _halve_shapes(shapes: list[list[int]] | None, axis: int) -> tuple[list[list[
     a[0][axis] = size // 2
     b[0][axis] = size - size // 2
     return a, b
+
+
+def _split_kernels(graph: OpGraph, b: "_Builder", rewritten: set[int]) -> KernelTable:
+    """The kernels of the split graph: an unsplit node keeps its kernels, each half of a split
+    op runs them on half of the split dimension (the batch column of a batch split; a GEMM's n
+    or a convolution's output channels K for a channel split; half the bytes of a
+    memory-bound kernel), a gather or an aggregate is one memory-bound kernel of its bytes,
+    and the other halves (views of a split op's outputs) run none."""
+    kt = graph.kernels
+    assert kt is not None
+    ptr = kt.ptr(graph.num_nodes)
+    parts: list[KernelTable] = []
+    for new, (v, split) in enumerate(zip(b.origin, b.split)):
+        if v < 0:
+            parts.append(KernelTable([new], [MEM], [[b.work_b[new]] + [0] * (NCOLS - 1)], [-1], [FP32], [False]))
+            continue
+        rows = np.arange(ptr[v], ptr[v + 1])
+        if split is None:
+            if v not in rewritten and len(rows):
+                parts.append(kt.take(rows, np.full(len(rows), new)))
+            continue
+        kinds = kt.kind[rows]
+        if split == "batch":
+            col = np.where(kt.bdim[rows] >= 0, kt.bdim[rows], np.where(kinds == GEMM, 1, 0))
+        else:
+            col = np.where(kinds == GEMM, 2, np.where(kinds == MEM, 0, 4))
+        parts.append(kt.split_rows(rows, np.full(len(rows), new), col, np.full(len(rows), 0.5)))
+    return KernelTable.concat(parts)
 
 
 class _Builder:
@@ -186,10 +222,12 @@ class _Builder:
         self.dtypes: list[Any] = []
         self.axis: list[int] = []
         self.params: list[list[int]] = []
+        self.split: list[str | None] = []  # "batch" / "channel" for a half of a split op
 
     def add(self, origin: int, like: int, name: str, target: str, flops: float, out_b: int, work_b: int, free: bool,
-            role: int, coloc: int, shapes: Any, axis: int, params: list[int]) -> int:
+            role: int, coloc: int, shapes: Any, axis: int, params: list[int], split: str | None = None) -> int:
         g = self.g
+        self.split.append(split)
         self.origin.append(origin)
         self.names.append(name)
         self.targets.append(target)
@@ -297,7 +335,7 @@ def split_graph(graph: OpGraph, decisions: Mapping[int, str]) -> SplitResult:
         ids = [
             b.add(v, v, f"{graph.names[v]}.{h}", targets[v], g_flops[v] * 0.5 if op else 0.0, out_h[h],
                   (g_work[v] // 2 if h == 0 else g_work[v] - g_work[v] // 2) if op else 0, free[v], role[v], cl_half,
-                  hs[h] if hs is not None else None, axes[v], prm)
+                  hs[h] if hs is not None else None, axes[v], prm, dim[v] if op else None)
             for h in range(2)
         ]
         new_of[v] = ids
@@ -369,6 +407,7 @@ def split_graph(graph: OpGraph, decisions: Mapping[int, str]) -> SplitResult:
         param_idx=np.asarray([p for ps in b.params for p in ps], dtype=np.int32), grad_node=remap(graph.grad_node),
         update_node=remap(graph.update_node), out_shapes=b.shapes if graph.out_shapes is not None else None,
         out_dtypes=b.dtypes if graph.out_dtypes is not None else None, meta=meta,
+        kernels=_split_kernels(graph, b, set(kind)) if graph.kernels is not None else None,
     )
     origin = np.asarray(b.origin, dtype=np.int64)
     if "renumbered_from" in new.meta:  # never expected: the construction is topological

@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from harness.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, REPLICATED, UPDATE, GraphError, OpGraph, edges_from_pairs
+from harness.kernels import GEMM, GEMM_TARGETS, KernelTable, batch_column, gemm_dims, is_rnn_layer, node_kernels
+from harness.precision import LOSS_SCALE, Precision, cuda_autocast, math_of
 
 #: consumers that read only the shape of an input
 SHAPE_ONLY = {"ones_like", "zeros_like", "empty_like", "full_like", "new_zeros", "new_ones", "new_empty", "new_full", "sym_size", "sym_numel", "sym_stride"}
@@ -153,43 +155,80 @@ class _Annotator:
             h.remove()
 
 
-def _make_step(module: Any, loss: str, lr: float, optimizer: str, ann: "_Annotator | None") -> Callable[..., Any]:
-    """The function one training step is traced from: forward, loss, autograd.grad, SGD update."""
+def _make_step(module: Any, loss: str, lr: float, optimizer: str, ann: "_Annotator | None",
+               precision: Precision = Precision()) -> Callable[..., Any]:
+    """The function one training step is traced from: forward, loss, autograd.grad, SGD update.
+
+    Under AMP the forward pass and the loss run under CUDA autocast's rules
+    (:func:`harness.precision.cuda_autocast`); ``amp_fp16`` also scales the loss before the
+    backward pass and unscales each gradient before its update (``GradScaler``)."""
     import torch
 
     loss_fn = _loss_fn(loss)
     set_meta = ann._set if ann is not None else (lambda layer, phase: None)
+    amp = precision.autocast_dtype
 
-    def step(params: dict[str, Any], buffers: dict[str, Any], xs: list[Any], y: Any) -> Any:
-        ps = {k: v.requires_grad_(True) if v.is_floating_point() else v for k, v in params.items()}
+    def forward(ps: dict[str, Any], buffers: dict[str, Any], xs: list[Any], y: Any) -> tuple[Any, Any]:
         if ann is not None:
             with ann:
                 out = torch.func.functional_call(module, {**ps, **buffers}, tuple(xs))
         else:
             out = torch.func.functional_call(module, {**ps, **buffers}, tuple(xs))
         set_meta("loss", "forward")
-        lval = loss_fn(out, y)
+        return out, loss_fn(out, y)
+
+    def step(params: dict[str, Any], buffers: dict[str, Any], xs: list[Any], y: Any) -> Any:
+        ps = {k: v.requires_grad_(True) if v.is_floating_point() else v for k, v in params.items()}
+        if amp is not None:
+            with cuda_autocast(amp):
+                out, lval = forward(ps, buffers, xs, y)
+        else:
+            out, lval = forward(ps, buffers, xs, y)
         if ann is not None:
             ann.claim_rest(lval, "loss")
         set_meta("loss", "backward")
-        grads = torch.autograd.grad(lval, list(ps.values()))
-        new = []
+        scaled = lval * LOSS_SCALE if precision.loss_scaling else lval
+        grads = torch.autograd.grad(scaled, list(ps.values()))
+        new, unscaled = [], []
         with torch.no_grad():
             for (name, p), g in zip(ps.items(), grads):
                 set_meta(name.rsplit(".", 1)[0] if "." in name else "model", "update")
+                if precision.loss_scaling:
+                    g = g.mul(1.0 / LOSS_SCALE)
+                unscaled.append(g)
                 new.append(p.add(g, alpha=-lr) if optimizer == "sgd" else p)
-        return lval, list(grads), new
+        return lval, unscaled, new
 
     return step
 
 
-def _example_inputs(inputs: Sequence[TensorSpec], target: TensorSpec, batch: int) -> tuple[list[Any], Any]:
+def _example_inputs(inputs: Sequence[TensorSpec], target: TensorSpec, batch: int, device: str = "meta",
+                    float_dtype: str = "float32") -> tuple[list[Any], Any]:
+    """Empty inputs and target of one batch; floating inputs in ``float_dtype`` (``fp16``/``bf16``
+    precision feeds the model half-precision data)."""
     import torch
 
     def make(spec: TensorSpec) -> Any:
-        return torch.empty((batch, *spec.shape), dtype=getattr(torch, spec.dtype), device="meta")
+        dtype = getattr(torch, spec.dtype)
+        if dtype.is_floating_point:
+            dtype = getattr(torch, float_dtype)
+        return torch.empty((batch, *spec.shape), dtype=dtype, device=device)
 
     return [make(s) for s in inputs], make(target)
+
+
+def _fake_state(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, batch: int, precision: Precision) -> tuple[Any, ...]:
+    """(fake mode, params, buffers, inputs, target) as fake CPU tensors: what CPU autocast needs
+    (meta tensors carry no autocast dispatch key)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fm = FakeTensorMode()
+    with fm:
+        params = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in module.named_parameters()}
+        buffers = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in module.named_buffers()}
+        xs, y = _example_inputs(inputs, target, batch, "cpu", precision.param_dtype)
+    return fm, params, buffers, xs, y
 
 
 def _decompositions(decompose: bool) -> Any:
@@ -200,24 +239,39 @@ def _decompositions(decompose: bool) -> Any:
     return core_aten_decompositions()
 
 
-def _trace(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: str, batch: int, lr: float, optimizer: str, decompose: bool) -> tuple[Any, dict[str, Any]]:
+def _trace(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: str, batch: int, lr: float, optimizer: str,
+           decompose: bool, precision: Precision = Precision()) -> tuple[Any, dict[str, Any]]:
+    """make_fx of one training step on fake tensors: from the ``meta`` module as it is, or, under
+    AMP, from fake CPU tensors so that autocast applies (see :func:`_fake_state`)."""
     import torch.fx.traceback as fxt
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    params = dict(module.named_parameters())
-    buffers = dict(module.named_buffers())
-    xs, y = _example_inputs(inputs, target, batch)
-    step = _make_step(module, loss, lr, optimizer, _Annotator(module))
-    with fxt.preserve_node_meta():
-        gm = make_fx(step, tracing_mode="fake", decomposition_table=_decompositions(decompose))(params, buffers, xs, y)
+    step = _make_step(module, loss, lr, optimizer, _Annotator(module), precision)
+    decomp = _decompositions(decompose)
+    if precision.autocast_dtype is None:
+        params = dict(module.named_parameters())
+        buffers = dict(module.named_buffers())
+        xs, y = _example_inputs(inputs, target, batch, float_dtype=precision.param_dtype)
+        with fxt.preserve_node_meta():
+            gm = make_fx(step, tracing_mode="fake", decomposition_table=decomp)(params, buffers, xs, y)
+    else:
+        fm, params, buffers, xs, y = _fake_state(module, inputs, target, batch, precision)
+        with fxt.preserve_node_meta(), fm:
+            gm = make_fx(step, tracing_mode="real", decomposition_table=decomp)(params, buffers, xs, y)
     info = {"param_names": list(params), "buffer_names": list(buffers), "n_inputs": len(xs)}
     return gm, info
 
 
-def _probe(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: str, batch: int, lr: float, optimizer: str, decompose: bool) -> list[tuple[str, list[list[int]]]]:
-    """Run the step at another batch size on fake tensors, recording (op, output shapes) in
-    dispatch order.  It sees the ops ``make_fx`` records, in the same order, at a fraction
-    of the cost (no proxies, no fx nodes); decompositions are applied the way make_fx does."""
+#: a probe record: (aten op, output shapes, input tensor shapes of a GEMM op else None)
+ProbeRecord = tuple[str, list[list[int]], "list[list[int]] | None"]
+
+
+def _probe(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: str, batch: int, lr: float, optimizer: str,
+           decompose: bool, precision: Precision = Precision()) -> list[ProbeRecord]:
+    """Run the step at another batch size on fake tensors, recording (op, output shapes, GEMM
+    input shapes) in dispatch order.  It sees the ops ``make_fx`` records, in the same order,
+    at a fraction of the cost (no proxies, no fx nodes); decompositions are applied the way
+    make_fx does."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import autograd_would_have_decomposed
@@ -225,7 +279,7 @@ def _probe(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: 
     from torch.utils._pytree import tree_flatten
 
     table = _decompositions(decompose) or {}
-    records: list[tuple[str, list[list[int]]]] = []
+    records: list[ProbeRecord] = []
     skip = {torch.ops.aten.size.default, torch.ops.aten.stride.default, torch.ops.aten.storage_offset.default}
 
     class Recorder(TorchDispatchMode):
@@ -244,23 +298,33 @@ def _probe(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: 
                     if r is not NotImplemented:
                         return r
             out = func(*args, **kwargs)
-            records.append((str(func), [list(t.shape) for t in _tensors(out)]))
+            name = str(func)
+            ins = [list(a.shape) for a in args if isinstance(a, torch.Tensor)] if name in GEMM_TARGETS else None
+            records.append((name, [list(t.shape) for t in _tensors(out)], ins))
             return out
 
-    with FakeTensorMode(allow_non_fake_inputs=True) as fm:
-        params = {k: fm.from_tensor(v) for k, v in module.named_parameters()}
-        buffers = {k: fm.from_tensor(v) for k, v in module.named_buffers()}
-        xs, y = _example_inputs(inputs, target, batch)
-        xs, y = [fm.from_tensor(x) for x in xs], fm.from_tensor(y)
-        with Recorder():
-            _make_step(module, loss, lr, optimizer, None)(params, buffers, xs, y)
+    step = _make_step(module, loss, lr, optimizer, None, precision)
+    if precision.autocast_dtype is None:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fm:
+            params = {k: fm.from_tensor(v) for k, v in module.named_parameters()}
+            buffers = {k: fm.from_tensor(v) for k, v in module.named_buffers()}
+            xs, y = _example_inputs(inputs, target, batch, float_dtype=precision.param_dtype)
+            xs, y = [fm.from_tensor(x) for x in xs], fm.from_tensor(y)
+            with Recorder():
+                step(params, buffers, xs, y)
+    else:
+        fm, params, buffers, xs, y = _fake_state(module, inputs, target, batch, precision)
+        with fm, Recorder():
+            step(params, buffers, xs, y)
     return records
 
 
-def _align_probe(ops: list[Any], records: list[tuple[str, list[list[int]]]]) -> list[list[list[int]]] | None:
-    """Output shapes of each traced node at the probe batch size, or None if the two runs
-    cannot be matched op for op (getitem takes its element of the parent's outputs)."""
+def _align_probe(ops: list[Any], records: list[ProbeRecord]) -> tuple[list[list[list[int]]], list[Any]] | None:
+    """Output shapes (and GEMM input shapes) of each traced node at the probe batch size, or
+    None if the two runs cannot be matched op for op (getitem takes its element of the
+    parent's outputs)."""
     shapes: list[list[list[int]]] = []
+    ins: list[Any] = []
     pos: dict[Any, int] = {}
     k = 0
     for i, n in enumerate(ops):
@@ -274,6 +338,7 @@ def _align_probe(ops: list[Any], records: list[tuple[str, list[list[int]]]]) -> 
             flat_index = sum(len(_tensors(v)) for v in val[: n.args[1]]) if isinstance(val, (list, tuple)) else 0
             parent_shapes = shapes[j]
             shapes.append([parent_shapes[flat_index]] if flat_index < len(parent_shapes) else [])
+            ins.append(None)
             pos[n] = i
             continue
         name = str(n.target)
@@ -283,9 +348,10 @@ def _align_probe(ops: list[Any], records: list[tuple[str, list[list[int]]]]) -> 
         if look >= len(records) or records[look][0] != name:
             return None
         shapes.append(records[look][1])
+        ins.append(records[look][2])
         pos[n] = i
         k = look + 1
-    return shapes
+    return shapes, ins
 
 
 def capture(
@@ -301,15 +367,20 @@ def capture(
     lr: float = 0.01,
     batch_probe: bool = True,
     keep_fx: bool = False,
+    precision: str = "fp32",
 ) -> OpGraph:
     """Trace one training step of ``module_factory()`` into an :class:`OpGraph`.
 
     ``granularity`` is ``aten`` (as traced), ``core_aten`` (through PyTorch's core-aten
     decompositions, more and smaller ops) or ``layer`` (maximal runs of consecutive nodes
     of one module and phase contracted into one node; contracting intervals of a
-    topological order keeps the graph a DAG).
+    topological order keeps the graph a DAG).  ``precision`` is one of
+    :data:`harness.precision.PRECISIONS`: the dtypes the step runs in and the math mode its
+    kernels record (``graph.kernels``).
     """
     import torch
+
+    prec = Precision(precision)
 
     if granularity not in ("aten", "core_aten", "layer"):
         raise CaptureError(f"unknown granularity {granularity!r}: use aten, core_aten or layer")
@@ -324,24 +395,28 @@ def capture(
             raise
         except Exception as e:  # noqa: BLE001 - report which model failed to build
             raise CaptureError(f"could not build model {name!r}: {type(e).__name__}: {e}") from e
+        if prec.param_dtype != "float32":
+            module = module.to(getattr(torch, prec.param_dtype))
     decompose = granularity == "core_aten"
     try:
-        gm, info = _trace(module, inputs, target, loss, batch_size, lr, optimizer, decompose)
-        probe = _probe(module, inputs, target, loss, batch_size + 1, lr, optimizer, decompose) if batch_probe else None
+        gm, info = _trace(module, inputs, target, loss, batch_size, lr, optimizer, decompose, prec)
+        probe = _probe(module, inputs, target, loss, batch_size + 1, lr, optimizer, decompose, prec) if batch_probe else None
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001
         raise CaptureError(f"could not trace a training step of {name!r}: {type(e).__name__}: {e}") from e
-    g = _to_opgraph(gm, probe, info, batch_size, name, optimizer)
+    layer_types = {(path or "model"): type(m).__name__ for path, m in module.named_modules()}
+    g = _to_opgraph(gm, probe, info, batch_size, name, optimizer, prec, layer_types)
     if keep_fx:
         g.fx = gm
     if granularity == "layer":
         g = coarsen_runs(g)
-    g.meta.update({"granularity": granularity, "optimizer": optimizer, "lr": lr})
+    g.meta.update({"granularity": granularity, "optimizer": optimizer, "lr": lr, "precision": prec.name})
     return g
 
 
-def _to_opgraph(gm: Any, probe: list[tuple[str, list[list[int]]]] | None, info: dict[str, Any], batch: int, name: str, optimizer: str) -> OpGraph:
+def _to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], batch: int, name: str, optimizer: str,
+                precision: Precision = Precision(), layer_types: dict[str, str] | None = None) -> OpGraph:
     import torch
 
     nodes = list(gm.graph.nodes)
@@ -360,7 +435,8 @@ def _to_opgraph(gm: Any, probe: list[tuple[str, list[list[int]]]] | None, info: 
     idx = {n: i for i, n in enumerate(ops)}
     # shapes at batch B+1; None when the probe run cannot be matched op for op, and then a
     # shape heuristic (leading dim divisible by B) stands in
-    shapes2 = _align_probe(ops, probe) if probe is not None else None
+    aligned = _align_probe(ops, probe) if probe is not None else None
+    shapes2, ins2 = aligned if aligned is not None else (None, None)
     N = len(ops)
     names, targets, layers, phase = [], [], [], np.zeros(N, np.int8)
     flops = np.zeros(N)
@@ -460,13 +536,13 @@ def _to_opgraph(gm: Any, probe: list[tuple[str, list[list[int]]]] | None, info: 
     meta = {
         "model": name,
         "batch_size": batch,
-        "dtype": dtypes[0][0] if dtypes and dtypes[0] else "float32",
+        "dtype": precision.param_dtype,
         "batch_axis": batch_axis.tolist(),
         "batch_probe": shapes2 is not None,
         "loss_node": idx.get(loss_v, -1),
     }
     try:
-        return OpGraph(
+        g = OpGraph(
             names=names, targets=targets, phase=phase, layer=lay, layer_names=list(layer_ids), flops=flops,
             out_bytes=out_b, work_bytes=work_b, free=free, batch_role=role, coloc=coloc, src=src, dst=dst, nbytes=nb,
             param_names=pnames, param_bytes=pbytes, param_ptr=p_ptr, param_idx=p_idx, grad_node=grad_node,
@@ -474,6 +550,37 @@ def _to_opgraph(gm: Any, probe: list[tuple[str, list[list[int]]]] | None, info: 
         )
     except GraphError as e:
         raise CaptureError(f"captured graph of {name!r} is malformed: {e}") from e
+    g.kernels = _kernel_table(g, ops, ins2, precision, layer_types or {})
+    return g
+
+
+def _kernel_table(g: OpGraph, ops: list[Any], ins2: list[Any] | None, precision: Precision, layer_types: dict[str, str]) -> KernelTable:
+    """The kernels of every captured node (:mod:`harness.kernels`), the batch column of each
+    found from the GEMM shapes of the probe at batch B+1 where there is one."""
+    import torch
+
+    scaled = g.batch_scaled().tolist()
+    rnn_layer = [is_rnn_layer(path, layer_types) for path in g.layer_names]
+    node, kind, dims, bdim, math, rnn = [], [], [], [], [], []
+    for i, n in enumerate(ops):
+        if g.free[i]:
+            continue
+        a_vals = torch.fx.node.map_arg(n.args, lambda a: a.meta.get("val"))
+        for spec in node_kernels(g.targets[i], a_vals, float(g.flops[i]), int(g.work_bytes[i]), False):
+            dims_b1 = None
+            if ins2 is not None and ins2[i] is not None and spec.kind == GEMM:
+                short = g.targets[i].split(".")[1]
+                d1 = gemm_dims(short, ins2[i])
+                dims_b1 = d1 + (0,) * (len(spec.dims) - 4) if d1 is not None else None
+            node.append(i)
+            kind.append(spec.kind)
+            dims.append(spec.dims)
+            bdim.append(batch_column(spec, dims_b1, scaled[i]))
+            math.append(math_of(spec.inputs_dtype, spec.is_conv, precision))
+            rnn.append(spec.kind == GEMM and rnn_layer[g.layer[i]])
+    if not node:
+        return KernelTable.empty()
+    return KernelTable(node, kind, dims, bdim, math, rnn)
 
 
 def groups_from_unions(n: int, unions: "Iterable[tuple[int, int]]") -> np.ndarray:
@@ -595,4 +702,5 @@ def coarsen_runs(g: OpGraph) -> OpGraph:
         batch_role=role, coloc=coloc, src=src, dst=dst, nbytes=nb, param_names=g.param_names,
         param_bytes=g.param_bytes, param_ptr=p_ptr, param_idx=[p for x in p_lists for p in x],
         grad_node=remap(g.grad_node), update_node=remap(g.update_node), meta=meta,
+        kernels=g.kernels.remap(grp) if g.kernels is not None else None,
     )

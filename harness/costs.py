@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from harness.cluster import Cluster
+from harness.cluster import Cluster, DeviceSpec
 from harness.graph import UPDATE, OpGraph
 
 if TYPE_CHECKING:
@@ -115,9 +115,8 @@ class AnalyticalCostModel:
         spec = self.cluster.devices[device].spec
         per_graph = self._parts.setdefault(graph, {})
         if spec.kind not in per_graph:
-            dtype = str(graph.meta.get("dtype", "float32"))
             eff = np.array([self.efficiency.get(op_class(t), self.efficiency["other"]) for t in graph.targets])
-            t_flop = graph.flops / (spec.peak(dtype) * eff)
+            t_flop = graph.flops / (node_peaks(graph, spec) * eff)
             t_mem = graph.work_bytes / (spec.mem_bw * self.mem_efficiency)
             scaled = np.where(graph.free, 0.0, np.maximum(t_flop, t_mem))
             fixed = np.where(graph.free, 0.0, self.launch)
@@ -187,6 +186,26 @@ class AnalyticalCostModel:
         if nodes is not None:
             fwd, bwd, fixed = fwd[nodes], bwd[nodes], fixed[nodes]
         return fwd * fraction + fixed, bwd * fraction + fixed
+
+
+#: the peak key of each math mode (harness.precision.MATH: fp32, tf32, fp16, bf16, fp64, int)
+MATH_PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float32", "float32")
+
+
+def math_peak(spec: DeviceSpec, math: int) -> float:
+    """FLOP/s of a kernel in math mode ``math`` on ``spec``: its tensor-core peak where the
+    device has one for that mode, else its FP32 peak (TF32 on a V100 runs as FP32)."""
+    return spec.peak_flops.get(MATH_PEAK_KEYS[int(math)], spec.peak_flops["float32"])
+
+
+def node_peaks(graph: OpGraph, spec: DeviceSpec) -> np.ndarray:
+    """Per node, the peak FLOP/s of its math mode (its most FLOP-heavy kernel's,
+    :meth:`harness.kernels.KernelTable.node_math`); a graph without a kernel table runs every
+    node at the peak of its ``meta["dtype"]``."""
+    if graph.kernels is None:
+        return np.full(graph.num_nodes, spec.peak(str(graph.meta.get("dtype", "float32"))))
+    table = np.array([math_peak(spec, m) for m in range(len(MATH_PEAK_KEYS))])
+    return table[graph.kernels.node_math(graph.num_nodes)]
 
 
 def node_memory(graph: OpGraph) -> np.ndarray:

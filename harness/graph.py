@@ -20,6 +20,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from harness.kernels import KernelTable
+
 PHASES: tuple[str, ...] = ("forward", "backward", "update")
 FORWARD, BACKWARD, UPDATE = 0, 1, 2
 
@@ -157,6 +159,9 @@ class OpGraph(EdgeListGraph):
     out_shapes: list[list[list[int]]] | None = None
     out_dtypes: list[list[str]] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the GPU kernels each node launches (:mod:`harness.kernels`); None for graphs that do not
+    #: know them (synthetic graphs, files saved before kernels were recorded)
+    kernels: KernelTable | None = None
     #: the traced torch.fx GraphModule and node-name map, when captured in this process
     #: (not serialised; the real-run backend and the profiler need it).
     fx: Any = None
@@ -200,6 +205,10 @@ class OpGraph(EdgeListGraph):
                     f"edge {e} {self.names[self.src[e]]} -> {self.names[self.dst[e]]} does not follow node order: "
                     "node ids must be a topological order (build the graph with OpGraph.from_unordered)"
                 )
+        if isinstance(self.kernels, dict):
+            self.kernels = KernelTable.from_dict(self.kernels)
+        if self.kernels is not None:
+            self.kernels.check(n)
         self._succ: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._pred: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
@@ -228,6 +237,23 @@ class OpGraph(EdgeListGraph):
         owners = np.repeat(np.arange(self.num_nodes), counts)
         np.add.at(out, owners, self.param_bytes[self.param_idx])
         return out
+
+    def batch_scaled(self) -> np.ndarray:
+        """Per node: does its work shrink when the batch is split among replicas?
+
+        ``batched`` nodes do (they process a slice of the batch); a ``partial`` node does only
+        when it reads a batched tensor (a weight gradient ``x^T dy``, a bias gradient, the loss
+        reduce the batch away); a partial node that reads only partial or replicated tensors
+        works on parameter-sized data (the accumulation of a shared weight's per-step gradients
+        in an unrolled RNN) and does all of its work on every replica, like a ``replicated``
+        node (an optimizer update).  The data-parallel shard rule of the simulator."""
+        scaled = self.batch_role == BATCHED
+        partial = self.batch_role == PARTIAL
+        if partial.any() and self.num_edges:
+            reads_batched = np.zeros(self.num_nodes, dtype=bool)
+            reads_batched[self.dst[self.batch_role[self.src] == BATCHED]] = True
+            scaled = scaled | (partial & reads_batched)
+        return scaled
 
     def coloc_groups(self) -> list[np.ndarray]:
         """Members of each co-location group, in node order (group g is ``coloc == g``)."""
@@ -281,6 +307,9 @@ class OpGraph(EdgeListGraph):
             if fields.get(key) is not None:
                 arr = np.asarray(fields[key], dtype=np.int64)
                 out[key] = np.where(arr >= 0, new_id[np.maximum(arr, 0)], -1)
+        if fields.get("kernels") is not None:
+            kt = fields["kernels"]
+            out["kernels"] = (KernelTable.from_dict(kt) if isinstance(kt, dict) else kt).remap(new_id)
         meta = dict(fields.get("meta") or {})
         meta["renumbered_from"] = order.tolist()
         out["meta"] = meta
@@ -341,6 +370,7 @@ class OpGraph(EdgeListGraph):
             "out_shapes": self.out_shapes,
             "out_dtypes": self.out_dtypes,
             "meta": self.meta,
+            **({"kernels": self.kernels.to_dict()} if self.kernels is not None else {}),
         }
 
     @classmethod

@@ -84,14 +84,15 @@ class TorchModel:
         return json.dumps([self.name, self.module_cfg, self.batch_size, [s.__repr__() for s in self.inputs], repr(self.target), self.loss, kw], sort_keys=True, default=str)
 
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
-                 colocate_gradients: bool = False) -> OpGraph:
+                 colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
         """The joint forward/backward/update aten graph (memoised per configuration in this
-        process); ``colocate_gradients`` ties each module's backward ops to its forward ops."""
-        key = self._key(granularity=granularity, optimizer=optimizer, batch_probe=batch_probe)
+        process); ``colocate_gradients`` ties each module's backward ops to its forward ops;
+        ``precision`` is one of :data:`harness.precision.PRECISIONS`."""
+        key = self._key(granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, precision=precision)
         if key not in _CACHE or (keep_fx and _CACHE[key].fx is None):
             _CACHE[key] = capture(
                 self.build, self.inputs, self.target, self.loss, self.batch_size, name=self.name,
-                granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, keep_fx=keep_fx,
+                granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, keep_fx=keep_fx, precision=precision,
             )
         return _graph_options(_CACHE[key], colocate_gradients)
 
@@ -108,6 +109,12 @@ class TorchModel:
             specs = [((self.batch_size, *s.shape), s.dtype) for s in self.inputs]
             _LAYER_CACHE[key] = build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
         return _LAYER_CACHE[key]
+
+
+def _fixed_precision(name: str, precision: str, why: str) -> None:
+    """Refuse a precision that a graph source cannot apply."""
+    if precision != "fp32":
+        raise CaptureError(f"model {name!r}: precision={precision} cannot apply ({why}); leave precision=fp32")
 
 
 def _graph_options(g: OpGraph, colocate: bool) -> OpGraph:
@@ -153,8 +160,9 @@ class SyntheticGraph:
         self.batch_size = int(batch_size)
 
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
-                 colocate_gradients: bool = False) -> OpGraph:
+                 colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
         """The random DAG (the capture options do not apply; it has no layers to co-locate)."""
+        _fixed_precision(self.name, precision, "a synthetic graph has FLOPs and bytes, not dtypes")
         rng = np.random.default_rng(self.seed)
         n = self.nodes
         # layer widths: width +- 50%, covering n nodes
@@ -208,8 +216,9 @@ class GraphFile:
         self._batch = batch_size
 
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
-                 colocate_gradients: bool = False) -> OpGraph:
+                 colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
         """The saved graph (as saved: the capture options do not apply, co-location does)."""
+        _fixed_precision(self.name, precision, "a graph file keeps the dtypes it was captured with")
         if self._graph is None:
             self._graph = OpGraph.load(self.path)
         return _graph_options(self._graph, colocate_gradients)

@@ -1158,9 +1158,10 @@ class RunProfileCosts:
         if abs(float(fraction) - self.fraction) < 1e-9:
             return own
         t = self.base.node_times(graph, device, fraction)
-        # a replicated node (a weight's update) does the same work at every batch size: data
+        # a node whose work does not shrink with the batch (a weight's update, an unrolled
+        # RNN's gradient accumulation) does the same work at every batch size: data
         # parallelism asks for it at fraction 1 and the reference ran it at 1/k
-        return np.where(graph.batch_role == REPLICATED, own, t)
+        return np.where(graph.batch_scaled(), t, own)
 
     def compute_time(self, graph: Any, node: int, device: int, fraction: float = 1.0) -> float:
         return float(self.node_times(graph, device, fraction)[node])

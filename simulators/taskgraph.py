@@ -6,8 +6,10 @@ over the links of a ring).  The expansion happens in two stages:
 
 1. *Shards* (virtual nodes): a placed node is one shard; a node with a
    :class:`~harness.strategy.ParallelConfig` along the sample dimension is one shard per
-   device, each doing ``1/k`` of the work when the op depends on the batch
-   (``batched``/``partial``) or all of it when it does not (``replicated``).  An edge from a
+   device, each doing ``1/k`` of the work when its work shrinks with the batch split
+   (:meth:`~harness.graph.OpGraph.batch_scaled`: ``batched`` ops and ``partial`` ops that
+   read a batched tensor) or all of it when it does not (``replicated`` ops, and ``partial``
+   ops on parameter-sized data such as an unrolled RNN's gradient accumulation).  An edge from a
    ``partial`` producer (a weight gradient) to a ``replicated`` consumer that needs the
    whole sum (the optimizer update) inserts one all-reduce among the producer's devices;
    a replica's partial read by the same replica (batch-norm statistics) stays local.  That
@@ -158,6 +160,7 @@ def _config_shards(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: 
     """General expansion: placed nodes and sample-dimension configs, in a Python loop."""
     n = graph.num_nodes
     role = graph.batch_role.tolist()
+    scaled = graph.batch_scaled().tolist()
     out_mem = _out_mem(graph).tolist()
     free = graph.free.tolist()
     order = strategy.order.tolist()
@@ -191,7 +194,8 @@ def _config_shards(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: 
                 )
             devs = cfg.devices
         k = len(devs)
-        frac = 1.0 / k if role[v] != REPLICATED else 1.0
+        frac = 1.0 / k if scaled[v] else 1.0
+        # only a batched output is split; a partial one (a replica's partial sum) is whole-sized
         mem = out_mem[v] // k if role[v] == BATCHED else out_mem[v]
         ids = []
         for d in devs:
