@@ -201,7 +201,8 @@ def write_section(out: Path, name: str, text: str) -> None:
     (out / f"{name}.md").write_text(text.rstrip() + "\n")
     parts = [
         "# FD-DPS (Wang et al., Mathematics 2022): our reproduction\n",
-        "Every number in our columns is a step simulated by `simulators/` with the analytical cost model "
+        "Every number in our columns is a step simulated by `simulators/` with the calibrated cost model "
+        "(`costs=calibrated`: P100 kernel times fitted to DeepBench's measurements, docs/gpu_costs.md) "
         "on the clusters of `conf/cluster/` (`p100x8`: 8 P100 behind two PCIe switches; 2 and 4 devices are "
         "`p100x8.subset(k)`, the first k GPUs). Columns marked *paper* are the paper's numbers, printed for "
         "comparison only. Each section names the command that regenerates it.\n",

@@ -1,8 +1,8 @@
 """Celeritas Table 3: simulated single-step time on 4 devices (V100 32 GB, PCIe) for
 Metis, Baechi's m-TOPO / m-ETF / m-SCT, HRL, Order-Place and Celeritas.
 
-Every placement is replayed in the discrete-event simulator with the analytical cost
-model.  A cell is ``OOM`` when the simulated step overflows a device or when the
+Every placement is replayed in the discrete-event simulator with the calibrated cost
+model (V100 kernel times fitted to DeepBench's measurements).  A cell is ``OOM`` when the simulated step overflows a device or when the
 algorithm itself ran out of memory while placing (m-ETF / m-SCT's ``placement_oom``);
 the CSV keeps the step time and both flags.  Speed-up is the paper's: Celeritas against
 the best non-OOM baseline (Metis, m-TOPO, m-ETF, m-SCT, HRL).  One device and DFS-TOPO
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                     ax.text(xi, 0.0, "OOM", rotation=90, ha="center", va="bottom", fontsize=6)
         ax.set_xticks(x, models, rotation=15)
         ax.set_ylabel("step time (s)")
-        ax.set_title("ours (simulated, analytical costs)" if src == "ours" else "paper (Table 3)")
+        ax.set_title("ours (simulated, calibrated costs)" if src == "ours" else "paper (Table 3)")
         ax.legend(fontsize=7, ncol=2)
     fig.suptitle("Celeritas Table 3: single-step time on 4 devices (OOM = out of memory)"
                  + (" - gradients co-located with their forward module" if sfx else ""))

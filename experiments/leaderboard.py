@@ -146,7 +146,7 @@ def write_readme(df: pd.DataFrame, best: pd.DataFrame, out: Path, cmd: str) -> N
         "",
         f"Command: `{cmd}` -> `leaderboard.csv` (every cell), `best.csv`, `heatmap.png`.",
         "",
-        "Each cell is a `python -m harness model=M cluster=C algo=A` job (analytical costs, the event simulator).",
+        "Each cell is a `python -m harness model=M cluster=C algo=A` job (calibrated costs, the default; the event simulator).",
         "The figure is the simulated step time over the ideal `W / D` (the graph's total compute on one device spread",
         "perfectly over its devices; layer-graph algorithms (OptCNN, PaSE, MP, OWT, MCMC) are measured against the",
         "layer graph's W, operator placements against the op graph's); OOM is a plan that does not fit device memory",

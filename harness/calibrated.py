@@ -220,7 +220,7 @@ class CalibratedCostModel:
         spec = self.cluster.devices[device].spec
         if not self.calibrated(spec.kind):
             return self.analytical.layer_times(lgraph, device, fraction, nodes)
-        fwd_k, bwd_k = _layer_kernels(lgraph, self._layer_math(lgraph))
+        fwd_k, bwd_k = _layer_kernels(lgraph)
         idx = np.arange(lgraph.num_nodes) if nodes is None else np.asarray(nodes)
         frac = np.broadcast_to(np.asarray(fraction, dtype=np.float64), (len(idx),))
         a_fwd, a_bwd = self.analytical.layer_times(lgraph, device, frac, idx)
@@ -238,13 +238,6 @@ class CalibratedCostModel:
             out.append(res)
         return out[0], out[1]
 
-    @staticmethod
-    def _layer_math(lgraph: "LayerGraph") -> int:
-        from harness.precision import Precision, math_of
-
-        prec = Precision(str(lgraph.meta.get("precision", "fp32")))
-        return math_of(str(lgraph.meta.get("dtype", prec.param_dtype)), False, prec)
-
     # ------------------------------------------------------------------ reporting
     def report(self) -> dict[str, Any]:
         """Which fit costed each device kind so far (``extrapolated`` where it is)."""
@@ -255,16 +248,20 @@ class CalibratedCostModel:
                 "mem_efficiency": self.mem_eff, "launch_us": self.launch * 1e6, "sync": self.sync}
 
 
-def _layer_kernels(lgraph: "LayerGraph", math: int) -> tuple[KernelTable, KernelTable]:
+def _layer_kernels(lgraph: "LayerGraph") -> tuple[KernelTable, KernelTable]:
     """Forward and backward kernels of a layer graph's GEMM-like layers (cached on the graph):
     a convolution as its three passes (output size and stride from its domain and input
     window; ``same`` padding), a linear or matmul layer as a GEMM forward and its two
-    gradient GEMMs backward; the batch column is the sample dim."""
+    gradient GEMMs backward; the batch column is the sample dim, the math mode that of the
+    graph's dtype and precision (``meta``)."""
     cache = getattr(lgraph, "_calibrated_kernels", None)
-    if cache is not None and cache[0] == math:
-        return cache[1], cache[2]
+    if cache is not None:
+        return cache
     from harness.kernels import NCOLS
+    from harness.precision import Precision, math_of
 
+    prec = Precision(str(lgraph.meta.get("precision", "fp32")))
+    dtype = str(lgraph.meta.get("dtype", prec.param_dtype))
     fwd: list[tuple[int, int, tuple[int, ...], int]] = []
     bwd: list[tuple[int, int, tuple[int, ...], int]] = []
     for v, kind in enumerate(lgraph.kinds):
@@ -291,11 +288,11 @@ def _layer_kernels(lgraph: "LayerGraph", math: int) -> tuple[KernelTable, Kernel
         if not rows:
             return KernelTable.empty()
         dims = np.array([tuple(g) + (0,) * (NCOLS - len(g)) for _, _, g, _ in rows], dtype=np.int64)
-        return KernelTable([r[0] for r in rows], [r[1] for r in rows], dims, [r[3] for r in rows],
-                           [math] * len(rows), [False] * len(rows))
+        math = [math_of(dtype, kind != GEMM, prec) for _, kind, _, _ in rows]
+        return KernelTable([r[0] for r in rows], [r[1] for r in rows], dims, [r[3] for r in rows], math, [False] * len(rows))
 
     out = (table(fwd), table(bwd))
-    lgraph._calibrated_kernels = (math, *out)
+    lgraph._calibrated_kernels = out
     return out
 
 

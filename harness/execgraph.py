@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from harness.capture import SHAPE_ONLY
-from harness.graph import REPLICATED, OpGraph
+from harness.graph import OpGraph
 
 
 class ExecGraphError(RuntimeError):
@@ -433,7 +433,7 @@ def graph_fingerprint(graph: OpGraph) -> str:
     size, width or depth does not.  Works at every granularity (coarse graphs keep FLOPs).
     """
     b = max(int(graph.meta.get("batch_size", 1) or 1), 1)
-    per = np.where(graph.batch_role == REPLICATED, graph.flops, graph.flops / b)
+    per = np.where(graph.batch_scaled(), graph.flops / b, graph.flops)
     h = hashlib.sha1()
     for t, r, f in zip(graph.targets, graph.batch_role.tolist(), per.tolist()):
         h.update(f"{t}|{r}|{f:.6e}\n".encode())

@@ -96,18 +96,32 @@ class TorchModel:
             )
         return _graph_options(_CACHE[key], colocate_gradients)
 
-    def layer_graph(self) -> Any:
-        """The module-level LayerGraph (OptCNN / PaSE granularity), memoised like :meth:`op_graph`."""
+    def layer_graph(self, precision: str = "fp32") -> Any:
+        """The module-level LayerGraph (OptCNN / PaSE granularity), memoised like :meth:`op_graph`.
+
+        A layer graph costs each layer in one dtype: ``fp32`` / ``tf32`` (``meta["precision"]``
+        sets the math mode), ``fp16`` / ``bf16`` (the module and its floating inputs converted);
+        AMP, whose dtype changes from op to op inside a layer, is refused."""
         import torch
 
         from harness.layergraph import build_layer_graph
+        from harness.precision import Precision
 
-        key = self._key(kind="layer")
+        prec = Precision(precision)
+        if prec.autocast_dtype is not None:
+            raise CaptureError(f"model {self.name!r}: precision={precision} needs an operator graph (autocast picks a dtype "
+                               "per op); a layer-graph algorithm takes fp32, tf32, fp16 or bf16")
+        key = self._key(kind="layer", precision=precision)
         if key not in _LAYER_CACHE:
             with torch.device("meta"):
                 module = self.build()
-            specs = [((self.batch_size, *s.shape), s.dtype) for s in self.inputs]
-            _LAYER_CACHE[key] = build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
+                if prec.param_dtype != "float32":
+                    module = module.to(getattr(torch, prec.param_dtype))
+            specs = [((self.batch_size, *s.shape), prec.param_dtype if s.dtype.startswith("float") else s.dtype)
+                     for s in self.inputs]
+            lg = build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
+            lg.meta["precision"] = prec.name
+            _LAYER_CACHE[key] = lg
         return _LAYER_CACHE[key]
 
 

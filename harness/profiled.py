@@ -35,7 +35,7 @@ import numpy as np
 from harness.cluster import Cluster
 from harness.costs import AnalyticalCostModel
 from harness.execgraph import graph_fingerprint, node_keys
-from harness.graph import REPLICATED, OpGraph
+from harness.graph import OpGraph
 from harness.profile import PROFILE_ROOT, ProfileError, profile_dir_for
 
 BY_INDEX, BY_KEY, FALLBACK = 0, 1, 2
@@ -203,12 +203,12 @@ class ProfiledCostModel:
                 w = (b - bs[j]) / (bs[j + 1] - bs[j])
                 t = T[j] + (T[j + 1] - T[j]) * w
             else:
-                scale = np.where(graph.batch_role == REPLICATED, 1.0, b / bs[0])
+                scale = np.where(graph.batch_scaled(), b / bs[0], 1.0)
                 t = p.ovh + (T[0] - p.ovh) * scale
             out[idx] = np.maximum(t, p.floor)[idx]
         key = p.source == BY_KEY
         if key.any():
-            scale = np.where(graph.batch_role == REPLICATED, 1.0, frac)
+            scale = np.where(graph.batch_scaled(), frac, 1.0)
             t = p.ovh + (np.nan_to_num(p.key_t) - p.ovh) * scale
             out[key] = np.maximum(t, p.floor)[key]
         fb = p.source == FALLBACK

@@ -108,7 +108,7 @@ def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
         gcfg = {**gcfg, "keep_fx": True}
         sim.bind(source, seed=int(cfg.seed), graph_cfg=gcfg)
     t0 = time.perf_counter()
-    graph = source.op_graph(**gcfg) if kind == "op" else source.layer_graph()
+    graph = source.op_graph(**gcfg) if kind == "op" else source.layer_graph(precision=str(gcfg.get("precision", "fp32")))
     capture_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     plan = algo.plan(graph, cluster, costs)

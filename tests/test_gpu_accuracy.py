@@ -1,0 +1,55 @@
+"""``python -m experiments gpu_accuracy``: published GPU throughputs beside simulated ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import gpu_accuracy
+
+
+def test_quick_run_writes_its_tables_and_figure(tmp_path):
+    assert gpu_accuracy.main(["--quick", "--out", str(tmp_path)]) == 0
+    for name in ("throughput.csv", "scaling.csv", "kernel_fit.csv", "predicted_vs_published.png", "README.md"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    tp = pd.read_csv(tmp_path / "throughput.csv")
+    assert sorted(tp["id"]) == sorted(gpu_accuracy.QUICK_ROWS)
+    for costs in gpu_accuracy.COSTS:
+        assert (tp[f"{costs}_status"] == "ok").all()
+        r = tp[f"{costs}_ratio"].to_numpy()
+        assert np.isfinite(r).all() and (r > 0).all()
+    # the published column is the CSV's figure, untouched; the simulated ones differ per model
+    pub = pd.read_csv(gpu_accuracy.PUBLISHED).set_index("id")
+    assert (tp.set_index("id")["published"] == pub.loc[tp["id"], "published"]).all()
+    assert not np.allclose(tp["calibrated_sim"], tp["analytical_sim"])
+    sc = pd.read_csv(tmp_path / "scaling.csv")
+    row = sc.set_index("id").loc["p100x4_resnet50_b64"]
+    assert row["single_id"] == "p100_resnet50_b64"
+    assert 0 < row["calibrated_eff"] <= 1 + 1e-9  # data parallelism never beats k single GPUs
+    kf = pd.read_csv(tmp_path / "kernel_fit.csv")
+    assert set(kf["class"]) >= {"gemm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter", "rnn"}
+
+
+def test_scaling_matches_the_single_gpu_row_of_the_same_per_gpu_batch():
+    tp = pd.DataFrame([
+        {"id": "p100_resnet50_b64", "device": "P100-SXM2", "gpus": 1, "batch_per_gpu": 64, "precision": "FP32", "published": 200.0,
+         "calibrated_sim": 210.0, "analytical_sim": 180.0},
+        {"id": "p100_resnet50_b32", "device": "P100-SXM2", "gpus": 1, "batch_per_gpu": 32, "precision": "FP32", "published": 150.0,
+         "calibrated_sim": 160.0, "analytical_sim": 140.0},
+        {"id": "p100x4_resnet50_b64", "device": "P100-SXM2", "gpus": 4, "batch_per_gpu": 256, "precision": "FP32", "published": 720.0,
+         "calibrated_sim": 840.0, "analytical_sim": 700.0},
+    ])
+    sc = gpu_accuracy.scaling_table(tp).set_index("id")
+    row = sc.loc["p100x4_resnet50_b64"]
+    assert row["single_id"] == "p100_resnet50_b64"
+    assert row["published_eff"] == pytest.approx(0.9)
+    assert row["calibrated_eff"] == pytest.approx(1.0)
+    assert row["calibrated_points"] == pytest.approx(10.0)
+
+
+def test_unknown_row_is_a_one_line_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_accuracy.main(["--rows", "no_such_row"])
+    assert e.value.code == 2
+    assert "unknown published row 'no_such_row'" in capsys.readouterr().err
