@@ -5,8 +5,7 @@ Every kernel of a node (:class:`harness.kernels.KernelTable`) is costed by the m
 convolution passes, recurrent-cell GEMMs), device and precision, and a node takes the sum of
 its kernels.  Which fit a device uses is configured per device kind (``conf/costs/calibrated.yaml``):
 
-* a measured device (P100, V100) uses its own fits, relative to its own peak (a PCIe board
-  runs the same curves at its lower clock);
+* a measured device (P100, V100) uses its own fits, relative to its own peak;
 * a device without kernel measurements (A100, H100) is **extrapolated** from the V100's fits
   (the newest GPU DeepBench measured) by a documented transfer rule: the same efficiency
   curves, with the tensor-core fits for TF32 / FP16 / BF16 math and the CUDA-core FP32 fits
@@ -14,7 +13,9 @@ its kernels.  Which fit a device uses is configured per device kind (``conf/cost
   of the device's compute-to-bandwidth balance to the reference's - before the curves are
   read: a GPU whose peak grew faster than its memory bandwidth needs proportionally larger
   problems to reach the same fraction of its peak.  Every figure from such a device is
-  labelled ``extrapolated`` in :meth:`CalibratedCostModel.report`;
+  labelled ``extrapolated`` in :meth:`CalibratedCostModel.report`.  The same rule reads the
+  curves for every device: ``kappa`` is 1 for the boards DeepBench measured and near it for
+  their other boards (0.88 for a PCIe P100, whose lower clock makes it less compute-bound);
 * a device not in the table (a CPU) is costed by the analytical roofline, and says so.
 
 Math mode to fit (``harness.precision.MATH``): FP32 runs on CUDA cores; TF32, FP16, BF16 on
@@ -99,7 +100,7 @@ class CalibratedCostModel:
         self.launch = float(launch_us) * 1e-6
         self._fits: dict[tuple[str, int], _Fit] = {}
         self._times: "weakref.WeakKeyDictionary[Any, dict[tuple[str, float], np.ndarray]]" = weakref.WeakKeyDictionary()
-        self._used: dict[str, str] = {}
+        self._used: dict[str, set[str]] = {}
 
     # ------------------------------------------------------------------ which fit
     def calibrated(self, kind: str) -> bool:
@@ -134,7 +135,8 @@ class CalibratedCostModel:
         spec = self.cluster.devices[device].spec
         kernels = getattr(graph, "kernels", None)
         if not self.calibrated(spec.kind) or kernels is None:
-            self._used[spec.kind] = "analytical roofline" + ("" if self.calibrated(spec.kind) else " (no kernel fit for this device)")
+            self._used.setdefault(spec.kind, set()).add(
+                "analytical roofline" + ("" if self.calibrated(spec.kind) else " (no kernel fit for this device)"))
             return self.analytical.node_times(graph, device, fraction)
         per_graph = self._times.setdefault(graph, {})
         key = (spec.kind, float(fraction))
@@ -150,7 +152,7 @@ class CalibratedCostModel:
         flops = kt.flops(dims)
         for math in np.unique(kt.math[~mem]).tolist():
             fit = self._fit(spec, math)
-            self._used.setdefault(spec.kind, fit.label)
+            self._used.setdefault(spec.kind, set()).add(fit.label)
             sel = (kt.math == math) & ~mem
             t[sel] = self._compute_rows(fit, kt.kind[sel], dims[sel], flops[sel], kt.rnn[sel], kt)
         return np.bincount(kt.node, weights=t, minlength=n)
@@ -241,7 +243,8 @@ class CalibratedCostModel:
     # ------------------------------------------------------------------ reporting
     def report(self) -> dict[str, Any]:
         """Which fit costed each device kind so far (``extrapolated`` where it is)."""
-        return {"model": "calibrated", "table": str(self.table_path), "devices": dict(self._used)}
+        return {"model": "calibrated", "table": str(self.table_path),
+                "devices": {kind: "; ".join(sorted(labels)) for kind, labels in self._used.items()}}
 
     def describe(self) -> dict[str, Any]:
         return {"model": "calibrated", "table": str(self.table_path), "devices": self.devices,
@@ -251,7 +254,8 @@ class CalibratedCostModel:
 def _layer_kernels(lgraph: "LayerGraph") -> tuple[KernelTable, KernelTable]:
     """Forward and backward kernels of a layer graph's GEMM-like layers (cached on the graph):
     a convolution as its three passes (output size and stride from its domain and input
-    window; ``same`` padding), a linear or matmul layer as a GEMM forward and its two
+    window; ``same`` padding; no data gradient for one that reads a model input, as the
+    captured step computes none), a linear or matmul layer as a GEMM forward and its two
     gradient GEMMs backward; the batch column is the sample dim, the math mode that of the
     graph's dtype and precision (``meta``)."""
     cache = getattr(lgraph, "_calibrated_kernels", None)
@@ -262,6 +266,10 @@ def _layer_kernels(lgraph: "LayerGraph") -> tuple[KernelTable, KernelTable]:
 
     prec = Precision(str(lgraph.meta.get("precision", "fp32")))
     dtype = str(lgraph.meta.get("dtype", prec.param_dtype))
+    reads_input = np.zeros(lgraph.num_nodes, dtype=bool)
+    data = np.asarray(lgraph.dst_port) == 0
+    is_input = np.array([k == "input" for k in lgraph.kinds], dtype=bool)
+    reads_input[np.asarray(lgraph.dst)[data & is_input[np.asarray(lgraph.src)]]] = True
     fwd: list[tuple[int, int, tuple[int, ...], int]] = []
     bwd: list[tuple[int, int, tuple[int, ...], int]] = []
     for v, kind in enumerate(lgraph.kinds):
@@ -275,7 +283,7 @@ def _layer_kernels(lgraph: "LayerGraph") -> tuple[KernelTable, KernelTable]:
             geo = (d.get("sample", 1), d.get("in_channel", 1), p_ * stride, q_ * stride, d.get("channel", 1), r, s,
                    stride, stride, (r - 1) // 2, (s - 1) // 2, 1, 1, 1)
             fwd.append((v, CONV_FWD, geo, 0))
-            bwd += [(v, CONV_BWD_DATA, geo, 0), (v, CONV_BWD_FILTER, geo, 0)]
+            bwd += ([] if reads_input[v] else [(v, CONV_BWD_DATA, geo, 0)]) + [(v, CONV_BWD_FILTER, geo, 0)]
         elif kind in ("linear", "matmul"):
             mnk = lgraph.gemm_mnk(v)
             if mnk is None:

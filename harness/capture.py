@@ -6,7 +6,9 @@ ResNet-50 at batch 512 costs no memory.  Each fx ``call_function`` node becomes 
 :class:`~harness.graph.OpGraph` node:
 
 * FLOPs from PyTorch's FLOP formulas (the table ``FlopCounterMode`` uses, called on the
-  node's fake inputs); ops without a formula get 0 FLOPs and are costed by bytes moved.
+  node's fake inputs), a convolution's from its kernels (the formula counts a grouped
+  convolution's weight gradient ``groups`` times); ops without a formula get 0 FLOPs and
+  are costed by bytes moved.
 * views, ``getitem`` and ``detach`` (``OpOverload.is_view``) are ``free``: no kernel, no time.
 * phase and owning layer come from module hooks that annotate the nodes as they are
   traced: forward hooks for the forward pass, pre-hooks on the autograd nodes each module
@@ -31,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from harness.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, REPLICATED, UPDATE, GraphError, OpGraph, edges_from_pairs
-from harness.kernels import GEMM, GEMM_TARGETS, KernelTable, batch_column, gemm_dims, is_rnn_layer, node_kernels
+from harness.kernels import CONV_KINDS, GEMM, GEMM_TARGETS, KernelTable, batch_column, gemm_dims, is_rnn_layer, node_kernels
 from harness.precision import LOSS_SCALE, Precision, cuda_autocast, math_of
 
 #: consumers that read only the shape of an input
@@ -551,6 +553,12 @@ def _to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], 
     except GraphError as e:
         raise CaptureError(f"captured graph of {name!r} is malformed: {e}") from e
     g.kernels = _kernel_table(g, ops, ins2, precision, layer_types or {})
+    # torch's FLOP formula counts a grouped convolution's weight gradient over all input
+    # channels (groups times too much); a convolution's FLOPs are its kernels' instead
+    conv = np.isin(g.kernels.kind, CONV_KINDS)
+    if conv.any():
+        nodes = np.unique(g.kernels.node[conv])
+        g.flops[nodes] = np.bincount(g.kernels.node[conv], weights=g.kernels.flops()[conv], minlength=g.num_nodes)[nodes]
     return g
 
 

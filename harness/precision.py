@@ -212,11 +212,7 @@ class _CudaAutocast:
             cast = lambda t: self._cast(t, widest)  # noqa: E731
             return self._below(op, _map_tensors(args, cast), {k: _map_tensors(v, cast) for k, v in kwargs.items()})
 
-        def passthrough(*args: Any, **kwargs: Any) -> Any:
-            return self._below(op, args, kwargs)
-
-        return {"lower": lower, "fp32": fp32, "set_opt_dtype": set_opt_dtype, "promote": promote,
-                "passthrough": passthrough}[policy]
+        return {"lower": lower, "fp32": fp32, "set_opt_dtype": set_opt_dtype, "promote": promote}[policy]
 
 
 def _overload(op: str, overload: str) -> Any:
@@ -243,10 +239,12 @@ def cuda_autocast(dtype_name: str) -> Iterator[None]:
                       ("promote", PROMOTE)):
         for op, ov in lst:
             policy[f"{op}.{ov}" if ov else op] = name
-    # CPU autocast's own kernels for ops CUDA autocast leaves alone run the op as it is
+    # an op CPU autocast has a kernel for and CUDA autocast has not falls through, as under
+    # CUDA autocast: a composite op (cross_entropy_loss, conv2d.padding) then decomposes and
+    # its parts meet the rules above; any other op runs in its inputs' dtype
     for full in torch._C._dispatch_get_all_op_names():
         if full.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(full, "AutocastCPU"):
-            policy.setdefault(full[len("aten::"):], "passthrough")
+            policy.setdefault(full[len("aten::"):], "fallthrough")
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():
@@ -255,8 +253,10 @@ def cuda_autocast(dtype_name: str) -> Iterator[None]:
             for qual, name in policy.items():
                 op, _, ov = qual.partition(".")
                 overload = _overload(op, ov)
-                if overload is not None:
-                    lib.impl(qual, rules.kernel(overload, name), "AutocastCPU")
+                if overload is None:
+                    continue
+                kernel = torch.library.fallthrough_kernel if name == "fallthrough" else rules.kernel(overload, name)
+                lib.impl(qual, kernel, "AutocastCPU")
         with torch.autocast("cpu", dtype=dtype):
             yield
     finally:
