@@ -63,7 +63,7 @@ import numpy as np
 
 from algorithms.base import Algorithm
 from harness.cluster import Cluster
-from harness.layergraph import LayerGraph
+from harness.errors import UserError
 from harness.layer_shards import (
     MAPPINGS,
     OUTPUT,
@@ -80,6 +80,7 @@ from harness.layer_shards import (
     strategy_rows,
     sync_bytes,
 )
+from harness.layergraph import LayerGraph
 from harness.pase_costs import pase_domain
 from harness.strategy import ParallelConfig, Strategy
 
@@ -87,7 +88,7 @@ SPACES = ("optcnn", "pase")
 PRODUCTS = ("divides", "at_most")
 
 
-class ConfigSpaceError(ValueError):
+class ConfigSpaceError(UserError, ValueError):
     """A layer has no valid configuration, or a strategy's config is outside the space."""
 
 

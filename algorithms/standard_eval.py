@@ -40,10 +40,11 @@ import numpy as np
 
 from algorithms.memplace import dfs_topo_order, sequential_fill
 from harness.costs import CostModel
+from harness.errors import UserError
 from harness.graph import OpGraph
 
 
-class StandardEvaluationError(ValueError):
+class StandardEvaluationError(UserError, ValueError):
     """The small-batch graphs cannot be matched node for node, or the batches are unusable."""
 
 

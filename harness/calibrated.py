@@ -43,6 +43,7 @@ import numpy as np
 
 from harness.cluster import Cluster, DeviceSpec
 from harness.costs import AnalyticalCostModel, node_memory
+from harness.errors import UserError
 from harness.graph import OpGraph
 from harness.kernel_fit import CLASSES, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, conv_flags, load_table
 from harness.kernels import CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, GEMM, MEM, KernelTable
@@ -59,7 +60,7 @@ REFERENCES: dict[str, dict[str, Any]] = {
 }
 
 
-class CalibrationError(ValueError):
+class CalibrationError(UserError, ValueError):
     """A calibrated-cost configuration names an unknown reference GPU or fit."""
 
 

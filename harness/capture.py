@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from harness.errors import UserError
 from harness.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, REPLICATED, UPDATE, GraphError, OpGraph, edges_from_pairs
 from harness.kernels import CONV_KINDS, GEMM, GEMM_TARGETS, KernelTable, batch_column, gemm_dims, is_rnn_layer, node_kernels
 from harness.precision import LOSS_SCALE, Precision, cuda_autocast, math_of
@@ -42,7 +43,7 @@ SHAPE_ONLY = {"ones_like", "zeros_like", "empty_like", "full_like", "new_zeros",
 NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
 
-class CaptureError(RuntimeError):
+class CaptureError(UserError, RuntimeError):
     """The model could not be traced; the message names the model and the op or layer."""
 
 

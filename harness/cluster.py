@@ -21,10 +21,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from harness.errors import UserError
+
 GIB = 2**30
 
 
-class ClusterError(ValueError):
+class ClusterError(UserError, ValueError):
     """A cluster description is invalid (no devices, unknown topology, missing bandwidth)."""
 
 

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from harness.errors import UserError
 from harness.kernels import KernelTable
 
 PHASES: tuple[str, ...] = ("forward", "backward", "update")
@@ -36,7 +37,7 @@ BATCHED, PARTIAL, REPLICATED = 0, 1, 2
 GRAPH_FORMAT = "harness.opgraph/1"
 
 
-class GraphError(ValueError):
+class GraphError(UserError, ValueError):
     """A graph is malformed (a cycle, an edge to a missing node, arrays of wrong length)."""
 
 

@@ -46,6 +46,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from harness.errors import UserError
+
 DATA = Path(__file__).resolve().parent / "data"
 GPU_DATA = DATA / "gpu"
 TABLE = DATA / "kernel_calibration.json"
@@ -72,7 +74,7 @@ SMOOTH = 0.3  # penalty on the change of a curve's increments between knots (smo
 RNN_GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
 
 
-class FitError(RuntimeError):
+class FitError(UserError, RuntimeError):
     """The measurement files are missing or malformed."""
 
 

@@ -32,6 +32,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from harness.errors import UserError
+
 KINDS: tuple[str, ...] = ("gemm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter", "mem")
 GEMM, CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER, MEM = range(len(KINDS))
 CONV_KINDS = (CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER)
@@ -57,7 +59,7 @@ GEMM_TARGETS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bm
                 "aten.baddbmm.default": "baddbmm"}
 
 
-class KernelError(ValueError):
+class KernelError(UserError, ValueError):
     """A kernel table that does not fit its graph."""
 
 

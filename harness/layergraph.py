@@ -125,6 +125,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from harness.errors import UserError
 from harness.graph import EdgeListGraph
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ GEMM_KINDS: frozenset[str] = frozenset({"conv1d", "conv2d", "conv3d", "linear", 
 Range = tuple[int, int]
 
 
-class LayerGraphError(ValueError):
+class LayerGraphError(UserError, ValueError):
     """A layer graph cannot be built (untraceable model, bad input spec) or is malformed."""
 
 

@@ -39,6 +39,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from harness.errors import UserError
+
 #: the values of the ``precision`` config key
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "amp_fp16", "amp_bf16", "fp16", "bf16")
 
@@ -50,7 +52,7 @@ FP32, TF32, FP16, BF16, FP64, INT = range(len(MATH))
 LOSS_SCALE = 2.0**16
 
 
-class PrecisionError(ValueError):
+class PrecisionError(UserError, ValueError):
     """An unknown precision name."""
 
 

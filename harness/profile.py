@@ -45,6 +45,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from harness.errors import UserError
 from harness.execgraph import ExecGraph, initial_state, graph_fingerprint, layer_runs, materialize, node_keys, resolve, tensors_of
 from harness.graph import BATCH_ROLES, PHASES
 
@@ -54,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROFILE_ROOT = REPO / "results" / "profiles"
 
 
-class ProfileError(RuntimeError):
+class ProfileError(UserError, RuntimeError):
     """The profile could not be taken or read; the message says which model, device or file."""
 
 

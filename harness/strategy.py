@@ -21,10 +21,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from harness.errors import UserError
+
 STRATEGY_FORMAT = "harness.strategy/1"
 
 
-class StrategyError(ValueError):
+class StrategyError(UserError, ValueError):
     """A strategy does not fit its graph or cluster; the message names the culprit."""
 
 

@@ -127,6 +127,7 @@ import numpy as np
 
 from harness.cluster import Cluster
 from harness.costs import CostModel
+from harness.errors import UserError
 from harness.execgraph import DEVICE, ExecGraph, Ref, TensorMeta, initial_state, is_shape_only, layer_runs, resolve, short_target
 from harness.graph import PARTIAL, REPLICATED, OpGraph
 from harness.profile import rank_cores
@@ -141,7 +142,7 @@ TRACE_OP, TRACE_SEND, TRACE_RECV, TRACE_ALLREDUCE, TRACE_DRAIN = range(5)
 TRACE_KINDS = ("op", "send", "recv_wait", "allreduce_wait", "drain")
 
 
-class RealRunError(RuntimeError):
+class RealRunError(UserError, RuntimeError):
     """A strategy that cannot be executed for real, or a run that failed; the message says why."""
 
 
