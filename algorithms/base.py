@@ -36,6 +36,17 @@ class Algorithm:
         return {"name": self.name, "seed": self.seed, **self.params}
 
 
+def derived_meta(graph: OpGraph, **extra: Any) -> dict[str, Any]:
+    """``meta`` for a graph an algorithm derives from ``graph`` (a coarse graph, a split graph):
+    the source's keys and ``extra``, without ``renumbered_from``.  That key is the old id of each
+    node of the *source* graph when :meth:`OpGraph.from_unordered` renumbered it; carried over,
+    it would claim the derived graph was renumbered too (and index its nodes with the source's
+    permutation)."""
+    meta = {k: v for k, v in graph.meta.items() if k != "renumbered_from"}
+    meta.update(extra)
+    return meta
+
+
 def follow_colocation(graph: OpGraph, device: np.ndarray) -> np.ndarray:
     """Move every member of a co-location group to the device of its first member
     (Celeritas Sec. 5: "co-location groups follow their first member")."""

@@ -14,6 +14,25 @@ the best strategy for half of the search time"): ``iterations`` moves, or ``pati
 (default half of them) moves without improving the best; ``budget_s`` is a wall-clock cap.
 The iteration budget makes a run deterministic for a seed; ``search_complete`` is false when
 the wall-clock cap cut it short (the chain is never a proof of optimality).
+
+The objective, and how far it is from the simulator
+---------------------------------------------------
+The chain's cost is OptCNN's Eq. 1 on the tables the layer searches share
+(:mod:`algorithms.layer_costs`): t_C + t_S of every layer plus t_X of every edge, so that its
+optimum compares with OptCNN's and PaSE's (``experiments/pase_search_time.py`` reports the
+MCMC / PaSE objective ratio).  FlexFlow itself scores a strategy with its execution simulator
+(per-shard compute tasks and communication tasks, each device and connection running its
+tasks in FIFO order), where a layer's parameter synchronisation runs while the layers before
+it still back-propagate; our event simulator does the same.  Eq. 1 adds the synchronisation
+to the step instead, and on the data-parallel start that is the whole difference: under
+``costs=analytical`` the start's t_C equals the simulator's compute per device and its t_S the
+durations of the simulator's all-reduces (``tests/test_algorithm_bugs.py``), and the simulated
+step is t_C plus the part of t_S the backward pass does not hide.  Measured on the start
+(Eq. 1 / simulated step, ``costs=analytical``): alexnet on p100x4 61.8 / 42.7 ms (+45 %: of
+19.2 ms of all-reduces 0.07 ms show), resnet50 on p100x8 80.0 / 53.8 ms (+49 %), inception_v3
+on p100x8 107.2 / 70.3 ms (+53 %), vgg16 on p100x8 229.1 / 165.5 ms (+38 %), resnet50 on
+v100x4_pcie 89.7 / 73.6 ms (+22 %).  The search therefore weighs synchronisation as Eq. 1
+does: a move that removes an all-reduce the simulator would have hidden still counts as a gain.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from algorithms.base import derived_meta
 from harness.graph import BATCHED, PARTIAL, REPLICATED, OpGraph, edges_from_pairs
 from harness.kernels import GEMM, MEM, NCOLS, KernelTable
 from harness.precision import FP32
@@ -383,8 +384,7 @@ def split_graph(graph: OpGraph, decisions: Mapping[int, str]) -> SplitResult:
         return np.array([(whole_of[a] if whole_of[a] >= 0 else new_of[a][0]) if a >= 0 else -1 for a in arr.tolist()], dtype=np.int32)
 
     p_counts = [len(p) for p in b.params]
-    meta = dict(graph.meta)
-    meta["batch_axis"] = b.axis
+    meta = derived_meta(graph, batch_axis=b.axis)
     if loss >= 0:
         meta["loss_node"] = whole_of[loss] if whole_of[loss] >= 0 else new_of[loss][0]
     by_target: dict[str, int] = {}

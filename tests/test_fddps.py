@@ -16,7 +16,7 @@ from harness.costs import AnalyticalCostModel
 from harness.graph import BATCHED, PARTIAL
 from simulators.simulate import simulate
 from tests.conftest import make_cluster, make_graph
-from tests.test_heft import TableCosts
+from tests.test_heft import TableCosts, three_processors
 
 
 # ---------------------------------------------------------------------------- Figure 3
@@ -50,6 +50,44 @@ def test_fddps_schedules_figure3_at_least_as_well_as_3c():
     assert plan.info["objective_s"] <= 35.0 + 1e-9
     assert plan.strategy.device[1] != plan.strategy.device[2]  # o2 and o3 run in parallel
     plan.strategy.validate(g, 2)
+
+
+# ---------------------------------------------------------------------------- the earliest start (rules 1 and 3)
+@pytest.mark.parametrize("slot", ["lst", "idle"])
+def test_a_join_goes_to_the_parent_device_where_it_starts_earliest(slot):
+    """Sec. 4.3 (2): among the devices that satisfy Eq. 11 and hold a parent (rule 1), an
+    operator without children goes where it "can execute as soon as possible" (rule 3):
+    its device-specific EST, the latest arrival of its inputs with the transfer from a parent
+    on another device paid (Eq. 6).
+
+    o0 (3 s) and o1 (5 s) feed o2 (5 s) with 2 and 3 bytes over 1 B/s links.  o1 is critical
+    (DCPL 13) and takes device 0, o0 device 1 (Eq. 12's look-ahead).  o2 can start at
+    max(5, 3 + 2) = 5 on device 0 or at max(3, 5 + 3) = 8 on device 1: the earliest start gives
+    a 10 s step, the latest a 13 s one."""
+    cl = three_processors()
+    g = make_graph(3, [(0, 2), (1, 2)], nbytes=[2, 3])
+    costs = TableCosts(cl, np.array([[3.0] * 3, [5.0] * 3, [5.0] * 3]))
+    sched = DCPScheduler(SchedGraph.from_opgraph(g, cl, costs), cl, comm_fn(costs, cl), slot_rule=slot)
+    dev, start = sched.run()
+    assert dev.tolist() == [1, 0, 0] and start.tolist() == [0.0, 0.0, 5.0]
+    assert sched.stats["rule_parent"] == 1
+    plan = FDDPS(split=False, slot=slot).plan(g, cl, costs)
+    assert plan.strategy.device.tolist() == [1, 0, 0] and plan.info["objective_s"] == pytest.approx(10.0)
+
+
+def test_an_operator_without_parents_or_children_goes_where_it_starts_earliest():
+    """Rule (3) with no parent device to prefer: four independent operators of 10, 7, 2 and
+    1 s on three identical devices, idle-gap slots (no placed operator moves).  o0 (DCPL 10)
+    takes device 0, o1 device 1 (a tie at 0: the lower id); o2 (LST 8) could start at 7 on
+    device 1 or at 0 on device 2, o3 (LST 9) at 7 on device 1 or at 2 on device 2.  The latest
+    start that Eq. 11 allows would stack both behind o1 (starts 7 and 9)."""
+    cl = three_processors()
+    g = make_graph(4, [])
+    costs = TableCosts(cl, np.array([[10.0] * 3, [7.0] * 3, [2.0] * 3, [1.0] * 3]))
+    sched = DCPScheduler(SchedGraph.from_opgraph(g, cl, costs), cl, comm_fn(costs, cl), slot_rule="idle")
+    dev, start = sched.run()
+    assert dev.tolist() == [0, 1, 2, 2] and start.tolist() == [0.0, 0.0, 0.0, 2.0]
+    assert sched.stats["rule_earliest"] == 4
 
 
 # ---------------------------------------------------------------------------- exactness of the updates
