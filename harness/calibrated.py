@@ -30,6 +30,11 @@ all-reduces (:func:`harness.kernel_fit.allreduce_fit`), ``2(p-1) alpha + 2(p-1)/
 (eta B)`` with ``B`` the cluster's ring bandwidth (:meth:`harness.cluster.Cluster.ring_bandwidth`)
 and ``alpha``, ``eta`` of the measured group size nearest below (one host) or of the
 two-host fit (several hosts): extrapolated on every cluster but DeepBench's own.
+
+Its figures are checked when it is built: the roofline's as :func:`harness.costs.check_roofline`
+(``costs.efficiency.*``, ``costs.mem_efficiency``, ``costs.launch_us``, ``costs.sync``), each
+``costs.devices.<kind>`` entry a mapping of ``ref`` (a measured GPU) and ``extrapolated``; a
+bad one is an error naming its key.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from harness.cluster import Cluster, DeviceSpec
-from harness.costs import AnalyticalCostModel, node_memory
+from harness.costs import AnalyticalCostModel, node_memory, refuse_unknown
 from harness.errors import UserError
 from harness.graph import OpGraph
 from harness.kernel_fit import CLASSES, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, conv_flags, load_table
@@ -62,6 +67,23 @@ REFERENCES: dict[str, dict[str, Any]] = {
 
 class CalibrationError(UserError, ValueError):
     """A calibrated-cost configuration names an unknown reference GPU or fit."""
+
+
+#: the keys of a ``costs.devices.<kind>`` entry
+DEVICE_ENTRY_KEYS: tuple[str, ...] = ("ref", "extrapolated")
+
+
+def _device_entry(entry: Any, key: str) -> dict[str, Any]:
+    """A ``costs.devices.<kind>`` entry, checked: a mapping of :data:`DEVICE_ENTRY_KEYS` whose
+    ``ref`` names a measured GPU of :data:`REFERENCES`."""
+    if not isinstance(entry, Mapping):
+        raise CalibrationError(f"{key} must be a mapping {{ref: {' | '.join(REFERENCES)}, extrapolated: true | false}}, got {entry!r}")
+    unknown = [str(k) for k in entry if k not in DEVICE_ENTRY_KEYS]
+    if unknown:
+        raise CalibrationError(f"{key}.{unknown[0]} is not a key of a calibrated device: it takes {', '.join(DEVICE_ENTRY_KEYS)}")
+    if entry.get("ref") not in REFERENCES:
+        raise CalibrationError(f"{key}.ref must be one of {', '.join(REFERENCES)}, got {entry.get('ref')!r}")
+    return dict(entry)
 
 
 @dataclass(frozen=True)
@@ -86,17 +108,16 @@ class CalibratedCostModel:
         launch_us: float = 5.0,
         sync: str = "ring",
         efficiency: Mapping[str, float] | None = None,
+        **unknown: Any,
     ) -> None:
+        refuse_unknown(type(self), unknown)
         self.cluster = cluster
         self.analytical = AnalyticalCostModel(cluster, efficiency=efficiency, mem_efficiency=mem_efficiency,
                                               launch_us=launch_us, sync=sync)
         self.sync = sync
         self.table_path = Path(table) if table else TABLE
         self.table = load_table(self.table_path)
-        self.devices = {str(k): dict(v) for k, v in devices.items()}
-        for kind, spec in self.devices.items():
-            if spec.get("ref") not in REFERENCES:
-                raise CalibrationError(f"costs.devices.{kind}.ref must be one of {', '.join(REFERENCES)}, got {spec.get('ref')!r}")
+        self.devices = {str(k): _device_entry(v, f"costs.devices.{k}") for k, v in devices.items()}
         self.mem_eff = float(mem_efficiency)
         self.launch = float(launch_us) * 1e-6
         self._fits: dict[tuple[str, int], _Fit] = {}
@@ -230,14 +251,14 @@ class CalibratedCostModel:
         out = []
         for kt, base in ((fwd_k, a_fwd), (bwd_k, a_bwd)):
             res = base.copy()
-            pos = np.full(lgraph.num_nodes, -1, dtype=np.int64)
-            pos[idx] = np.arange(len(idx))
-            rows = np.flatnonzero(pos[kt.node] >= 0)
-            if len(rows):
-                sub = kt.take(rows, pos[kt.node[rows]])
-                t = self._kernel_node_times(len(idx), sub, spec, frac[sub.node])
-                has = np.bincount(sub.node, minlength=len(idx)) > 0
-                res[has] = t[has]
+            # the kernel rows of every entry of idx (a layer may appear once per configuration)
+            ptr = kt.ptr(lgraph.num_nodes)
+            counts = ptr[idx + 1] - ptr[idx]
+            if counts.sum():
+                entry = np.repeat(np.arange(len(idx)), counts)
+                rows = np.repeat(ptr[idx], counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+                t = self._kernel_node_times(len(idx), kt.take(rows, entry), spec, frac[entry])
+                res[counts > 0] = t[counts > 0]
             out.append(res)
         return out[0], out[1]
 

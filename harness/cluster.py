@@ -10,6 +10,13 @@ Units: bandwidths in the YAML are ``bw_GBps`` (gigabytes per second) or ``bw_gbp
 brick); latencies ``lat_us``; device peaks ``peak_tflops`` per math mode (``float32`` on CUDA
 cores; ``tf32``, ``float16``, ``bfloat16`` on tensor cores, dense); memory ``mem_GiB`` and
 ``mem_bw_GBps``.  In Python everything is SI: bytes, seconds, FLOP/s, bytes/s.
+
+Every figure is checked where it is read, and a bad one is a :class:`ClusterError` naming its
+key as the user types it (``cluster.intra.bw_GBps must be > 0, got -5``): bandwidths, peaks
+and memory finite and > 0, latencies finite and >= 0, ``gpus``, ``nodes`` and other counts
+integers >= 1.  The checks (:func:`positive_number`, :func:`non_negative_number`,
+:func:`unit_fraction`, :func:`positive_int`, :func:`integer`) take the error class to raise, so
+the cost models and graph sources use them for their own keys.
 """
 
 from __future__ import annotations
@@ -28,6 +35,71 @@ GIB = 2**30
 
 class ClusterError(UserError, ValueError):
     """A cluster description is invalid (no devices, unknown topology, missing bandwidth)."""
+
+
+# ---------------------------------------------------------------------------- value checks
+def _finite(value: Any, key: str, rule: str, error: type[UserError]) -> float:
+    """``value`` as a float, or ``error`` naming ``key`` when it is not a finite number."""
+    try:
+        x = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise error(f"{key} must be a finite number {rule}, got {value!r}")
+    return x
+
+
+def positive_number(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
+    """``value`` as a float > 0 (a bandwidth, a peak, a memory size), else ``error`` naming ``key``."""
+    x = _finite(value, key, "> 0", error)
+    if x <= 0:
+        raise error(f"{key} must be > 0, got {value!r}")
+    return x
+
+
+def non_negative_number(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
+    """``value`` as a float >= 0 (a latency, a launch overhead), else ``error`` naming ``key``."""
+    x = _finite(value, key, ">= 0", error)
+    if x < 0:
+        raise error(f"{key} must be >= 0, got {value!r}")
+    return x
+
+
+def unit_fraction(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
+    """``value`` as a float in (0, 1] (an efficiency), else ``error`` naming ``key``."""
+    x = _finite(value, key, "in (0, 1]", error)
+    if not 0 < x <= 1:
+        raise error(f"{key} must be in (0, 1], got {value!r}")
+    return x
+
+
+def _as_int(value: Any) -> int | None:
+    """``value`` as an int when it is one (an integral float or a numeric string too), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(x) if math.isfinite(x) and x.is_integer() else None
+
+
+def integer(value: Any, key: str, error: type[UserError] = ClusterError) -> int:
+    """``value`` as an int (2.5, ``None`` or ``"abc"`` are refused), else ``error`` naming ``key``."""
+    n = _as_int(value)
+    if n is None:
+        raise error(f"{key} must be an integer, got {value!r}")
+    return n
+
+
+def positive_int(value: Any, key: str, error: type[UserError] = ClusterError) -> int:
+    """``value`` as an int >= 1 (a count: GPUs, nodes, a batch size), else ``error`` naming ``key``."""
+    n = _as_int(value)
+    if n is None or n < 1:
+        raise error(f"{key} must be an integer >= 1, got {value!r}")
+    return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,22 +256,47 @@ class Cluster:
 
 
 # ---------------------------------------------------------------------------- builders
-def _bw(spec: Mapping[str, Any], what: str) -> float:
+def _bw(spec: Mapping[str, Any], key: str) -> float:
+    """A link's bandwidth in bytes/s from the ``bw_GBps`` or ``bw_gbps`` of the spec at
+    ``cluster.<key>``."""
     if spec.get("bw_GBps") is not None:
-        return float(spec["bw_GBps"]) * 1e9
+        return positive_number(spec["bw_GBps"], f"cluster.{key}.bw_GBps") * 1e9
     if spec.get("bw_gbps") is not None:
-        return float(spec["bw_gbps"]) * 1e9 / 8
-    raise ClusterError(f"{what} needs bw_GBps (gigabytes/s) or bw_gbps (gigabits/s)")
+        return positive_number(spec["bw_gbps"], f"cluster.{key}.bw_gbps") * 1e9 / 8
+    raise ClusterError(f"cluster.{key} needs bw_GBps (gigabytes/s) or bw_gbps (gigabits/s)")
 
 
-def device_spec(spec: Mapping[str, Any]) -> DeviceSpec:
-    """Build a :class:`DeviceSpec` from a YAML mapping (``kind, peak_tflops, mem_bw_GBps, mem_GiB``)."""
-    try:
-        peaks = spec["peak_tflops"]
-        peak = {str(k): float(v) * 1e12 for k, v in dict(peaks).items()} if isinstance(peaks, Mapping) else {"float32": float(peaks) * 1e12}
-        return DeviceSpec(str(spec["kind"]), peak, float(spec["mem_bw_GBps"]) * 1e9, int(float(spec["mem_GiB"]) * GIB))
-    except KeyError as e:
-        raise ClusterError(f"device spec is missing {e.args[0]!r}: needs kind, peak_tflops, mem_bw_GBps, mem_GiB") from None
+#: the keys of a device spec (``conf/cluster/device/*.yaml``)
+DEVICE_KEYS: tuple[str, ...] = ("kind", "peak_tflops", "mem_bw_GBps", "mem_GiB")
+#: the math modes a device's ``peak_tflops`` may name (``float32`` is required)
+PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float64")
+
+
+def _peaks(peaks: Any, key: str) -> dict[str, float]:
+    """FLOP/s per math mode from ``peak_tflops`` (one number: the FP32 peak; or a mapping by
+    :data:`PEAK_KEYS` with a ``float32`` entry), each > 0."""
+    if not isinstance(peaks, Mapping):
+        return {"float32": positive_number(peaks, key) * 1e12}
+    unknown = [str(k) for k in peaks if str(k) not in PEAK_KEYS]
+    if unknown:
+        raise ClusterError(f"{key}.{unknown[0]} is not a math mode: peak_tflops takes {', '.join(PEAK_KEYS)}")
+    if "float32" not in peaks:
+        raise ClusterError(f"{key}.float32 is missing: every device needs its FP32 peak (the fallback of the other modes)")
+    return {str(k): positive_number(v, f"{key}.{k}") * 1e12 for k, v in dict(peaks).items()}
+
+
+def device_spec(spec: Mapping[str, Any], key: str = "cluster.device") -> DeviceSpec:
+    """Build a :class:`DeviceSpec` from a YAML mapping (``kind, peak_tflops, mem_bw_GBps, mem_GiB``)
+    at config path ``key``; a missing, unknown or out-of-range key is a :class:`ClusterError`."""
+    unknown = [str(k) for k in spec if str(k) not in DEVICE_KEYS]
+    if unknown:
+        raise ClusterError(f"{key}.{unknown[0]} is not a device key: a device takes {', '.join(DEVICE_KEYS)}")
+    missing = [k for k in DEVICE_KEYS if k not in spec]
+    if missing:
+        raise ClusterError(f"{key} is missing {missing[0]!r}: a device needs {', '.join(DEVICE_KEYS)}")
+    return DeviceSpec(str(spec["kind"]), _peaks(spec["peak_tflops"], f"{key}.peak_tflops"),
+                      positive_number(spec["mem_bw_GBps"], f"{key}.mem_bw_GBps") * 1e9,
+                      int(positive_number(spec["mem_GiB"], f"{key}.mem_GiB") * GIB))
 
 
 class _Builder:
@@ -215,14 +312,14 @@ class _Builder:
 Routes = dict[tuple[int, int], tuple[int, ...]]
 
 
-def _lat(spec: Mapping[str, Any], default_us: float) -> float:
-    """A link's latency in seconds from its ``lat_us``."""
-    return float(spec.get("lat_us", default_us)) * 1e-6
+def _lat(spec: Mapping[str, Any], default_us: float, key: str) -> float:
+    """A link's latency in seconds from the ``lat_us`` of the spec at ``cluster.<key>``."""
+    return non_negative_number(spec.get("lat_us", default_us), f"cluster.{key}.lat_us") * 1e-6
 
 
 def _mesh_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
     """A dedicated link per ordered pair of GPUs (all-to-all NVLink of equal width)."""
-    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, f"intra-node link of {prefix}"), _lat(spec, 5.0)
+    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
     routes: Routes = {}
     for a in range(len(gpus)):
         for c in range(len(gpus)):
@@ -233,7 +330,7 @@ def _mesh_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, A
 
 def _switch_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
     """A non-blocking switch (NVSwitch): one port per GPU each way, every route is port in -> port out."""
-    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, f"intra-node link of {prefix}"), _lat(spec, 5.0)
+    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
     k = len(gpus)
     up = [b.link(f"{prefix}gpu{a}->sw", cls, bw, lat / 2) for a in range(k)]
     down = [b.link(f"{prefix}sw->gpu{a}", cls, bw, lat / 2) for a in range(k)]
@@ -248,18 +345,18 @@ def _pcie_tree_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[s
     pair of sockets): a route between GPUs on different sockets is GPU -> switch -> root(a) ->
     QPI -> root(b) -> switch -> GPU.  Without ``sockets`` there is one root, named ``root``.
     """
-    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, f"intra-node link of {prefix}"), _lat(spec, 5.0)
+    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
     k = len(gpus)
-    per_sw = int(spec.get("gpus_per_switch", 2))
+    per_sw = positive_int(spec.get("gpus_per_switch", 2), f"cluster.{key}.gpus_per_switch")
     up = [b.link(f"{prefix}gpu{a}->sw{a // per_sw}", cls, bw, lat / 2) for a in range(k)]
     down = [b.link(f"{prefix}sw{a // per_sw}->gpu{a}", cls, bw, lat / 2) for a in range(k)]
     nsw = (k + per_sw - 1) // per_sw
-    sockets = int(spec.get("sockets", 1))
+    sockets = integer(spec.get("sockets", 1), f"cluster.{key}.sockets")
     if sockets < 1 or nsw % sockets:
         raise ClusterError(f"{key}.sockets: {sockets} socket(s) cannot share the {nsw} PCIe switch(es) evenly")
     sock = [s // (nsw // sockets) for s in range(nsw)]
     root = [f"root{sock[s]}" if sockets > 1 else "root" for s in range(nsw)]
-    up_bw = _bw(spec.get("uplink", spec), f"PCIe switch uplink of {prefix}")
+    up_bw = _bw(spec["uplink"], f"{key}.uplink") if spec.get("uplink") is not None else _bw(spec, key)
     sw_up = [b.link(f"{prefix}sw{s}->{root[s]}", cls, up_bw, 0.0) for s in range(nsw)]
     sw_down = [b.link(f"{prefix}{root[s]}->sw{s}", cls, up_bw, 0.0) for s in range(nsw)]
     qpi: dict[tuple[int, int], int] = {}
@@ -267,7 +364,7 @@ def _pcie_tree_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[s
         q = spec.get("qpi")
         if q is None:
             raise ClusterError(f"{key}.qpi is missing: {sockets} sockets need qpi: {{bw_GBps, lat_us}} between their root complexes")
-        qcls, qbw, qlat = str(q.get("cls", "qpi")), _bw(q, f"{key}.qpi"), _lat(q, 0.0)
+        qcls, qbw, qlat = str(q.get("cls", "qpi")), _bw(q, f"{key}.qpi"), _lat(q, 0.0, f"{key}.qpi")
         for x in range(sockets):
             for y in range(sockets):
                 if x != y:
@@ -315,7 +412,8 @@ def _nvlink_mesh_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping
     GPUs without an NVLink goes over PCIe, and over QPI across CPU sockets)."""
     if spec.get("link_GBps") is None:
         raise ClusterError(f"{key}.link_GBps is missing: nvlink_mesh needs the bandwidth of one brick per direction")
-    cls, brick, lat = str(spec.get("cls", "nvlink")), float(spec["link_GBps"]) * 1e9, _lat(spec, 5.0)
+    brick = positive_number(spec["link_GBps"], f"cluster.{key}.link_GBps") * 1e9
+    cls, lat = str(spec.get("cls", "nvlink")), _lat(spec, 5.0, key)
     bricks = _nvlink_pairs(spec.get("pairs"), len(gpus), key)
     routes: Routes = {}
     for (a, c), n in bricks.items():
@@ -338,7 +436,8 @@ _TOPOLOGIES = {"mesh": _mesh_routes, "switch": _switch_routes, "pcie_tree": _pci
 
 
 def _intra_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str = "intra") -> Routes:
-    """Routes among the GPUs of one host, by ``spec["topology"]`` (``key`` names ``spec`` in errors)."""
+    """Routes among the GPUs of one host, by ``spec["topology"]`` (``key``, the spec's path in
+    the cluster config such as ``intra`` or ``intra.fallback``, names it in errors)."""
     topo = str(spec.get("topology", "switch"))
     if topo not in _TOPOLOGIES:
         raise ClusterError(f"unknown intra-node topology {topo!r}: use {', '.join(_TOPOLOGIES)}")
@@ -363,12 +462,14 @@ def build_cluster(
     (``nics_per_node``: k NICs, GPU g of a host using NIC g * k // gpus; 1 by default);
     ``host_link`` the path from a GPU to its NIC (PCIe by default).  A route between hosts is
     GPU -> its NIC (host_link) -> NIC egress -> NIC ingress of the destination GPU's NIC -> GPU.
-    Other keys land in ``Cluster.meta``; ``collective: {lat_us, bw_GBps}`` (measured all-reduce
-    figures, e.g. by ``python -m harness.calibrate``) replaces the links' in the cost model's
-    ring all-reduce.
+    Two more keys land in ``Cluster.meta`` (:data:`META_KEYS`): ``collective: {lat_us, bw_GBps}``
+    (measured all-reduce figures, e.g. by ``python -m harness.calibrate``) replaces the links'
+    in the cost model's ring all-reduce; ``host_comm`` (:data:`HOST_COMM_KEYS`) is what a
+    message costs a CPU rank's core (see :func:`simulators.taskgraph.build_taskgraph`).  Any
+    other key, and any figure out of range, is a :class:`ClusterError` naming it.
     """
-    if gpus < 1 or nodes < 1:
-        raise ClusterError(f"cluster {name!r}: gpus and nodes must be >= 1 (got gpus={gpus}, nodes={nodes})")
+    gpus, nodes = positive_int(gpus, "cluster.gpus"), positive_int(nodes, "cluster.nodes")
+    _check_meta(meta)
     spec = device_spec(device)
     intra = dict(intra or {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0})
     b = _Builder()
@@ -384,17 +485,17 @@ def build_cluster(
     if nodes > 1:
         if inter is None:
             raise ClusterError(f"cluster {name!r} has {nodes} nodes but no inter-node link (inter:)")
-        nic_bw = _bw(inter, f"inter-node link of {name}")
-        nic_lat = float(inter.get("lat_us", 2.0)) * 1e-6
+        nic_bw = _bw(inter, "inter")
+        nic_lat = _lat(inter, 2.0, "inter")
         icls = str(inter.get("cls", "ib"))
-        nics = int(inter.get("nics_per_node", 1))
+        nics = integer(inter.get("nics_per_node", 1), "cluster.inter.nics_per_node")
         if not 1 <= nics <= gpus:
             raise ClusterError(f"inter.nics_per_node: {nics} must be between 1 and gpus ({gpus})")
         nic_of = [(dev.id % gpus) * nics // gpus for dev in devices]
         nic = [f"nic{m}" if nics > 1 else "nic" for m in range(nics)]
         hl = dict(host_link or {"cls": "pcie", "bw_GBps": 16.0, "lat_us": 1.0})
-        hbw = _bw(hl, f"GPU-to-NIC link of {name}")
-        hlat = float(hl.get("lat_us", 1.0)) * 1e-6
+        hbw = _bw(hl, "host_link")
+        hlat = _lat(hl, 1.0, "host_link")
         hcls = str(hl.get("cls", "pcie"))
         to_nic = [b.link(f"{dev.name}->{nic[nic_of[dev.id]]}", hcls, hbw, hlat / 2) for dev in devices]
         from_nic = [b.link(f"{nic[nic_of[dev.id]]}->{dev.name}", hcls, hbw, hlat / 2) for dev in devices]
@@ -406,6 +507,52 @@ def build_cluster(
                     routes[i][j] = (to_nic[i], nic_out[di.host][nic_of[i]], nic_in[dj.host][nic_of[j]], from_nic[j])
         nic_meta = {"nics_per_node": nics, "nic_bw": nic_bw, "nic_of": tuple(nic_of)}
     return Cluster(name, devices, b.links, routes, {"gpus_per_node": gpus, "nodes": nodes, **nic_meta, **meta})
+
+
+#: the keys of ``cluster.collective`` (a measured all-reduce) and their rule; both required
+COLLECTIVE_KEYS: dict[str, str] = {"lat_us": ">= 0", "bw_GBps": "> 0"}
+#: the keys of ``cluster.host_comm`` and their rule: times >= 0, the copy rate and the time
+#: constants > 0 (:func:`simulators.taskgraph.build_taskgraph` reads them)
+HOST_COMM_KEYS: dict[str, str] = {
+    "per_message_us": ">= 0", "send_us": ">= 0", "recv_us": ">= 0", "copy_GBps": "> 0", "recv_idle_us": ">= 0",
+    "send_cold_us": ">= 0", "send_tau_us": "> 0", "recv_cold_us": ">= 0", "recv_tau_us": "> 0", "recv_when": "always | busy",
+}
+#: the keys of a cluster config that land in ``Cluster.meta``
+META_KEYS: tuple[str, ...] = ("collective", "host_comm")
+
+
+def _check_meta(meta: Mapping[str, Any]) -> None:
+    """Refuse a cluster key :func:`build_cluster` does not take and figures of ``collective``
+    and ``host_comm`` out of range, naming the key."""
+    unknown = [str(k) for k in meta if k not in META_KEYS]
+    if unknown:
+        raise ClusterError(f"cluster.{unknown[0]} is not a cluster key: a cluster takes name, device, gpus, nodes, intra, "
+                           f"inter, host_link, {', '.join(META_KEYS)}")
+    if meta.get("collective") is not None:
+        _check_figures(meta["collective"], "cluster.collective", COLLECTIVE_KEYS, required=tuple(COLLECTIVE_KEYS))
+    if meta.get("host_comm") is not None:
+        _check_figures(meta["host_comm"], "cluster.host_comm", HOST_COMM_KEYS, required=("copy_GBps",))
+
+
+def _check_figures(block: Any, key: str, rules: Mapping[str, str], required: Sequence[str]) -> None:
+    """Check a mapping of figures at ``key`` against ``rules`` (``> 0``, ``>= 0`` or the
+    choices ``a | b``): every key known, the ``required`` ones present, each value in range."""
+    if not isinstance(block, Mapping):
+        raise ClusterError(f"{key} must be a mapping of {', '.join(rules)}, got {block!r}")
+    unknown = [str(k) for k in block if k not in rules]
+    if unknown:
+        raise ClusterError(f"{key}.{unknown[0]} is not a key of {key}: it takes {', '.join(rules)}")
+    missing = [k for k in required if block.get(k) is None]
+    if missing:
+        raise ClusterError(f"{key}.{missing[0]} is missing: {key} needs {', '.join(required)}")
+    for k, v in block.items():
+        rule = rules[k]
+        if rule == "> 0":
+            positive_number(v, f"{key}.{k}")
+        elif rule == ">= 0":
+            non_negative_number(v, f"{key}.{k}")
+        elif v not in rule.split(" | "):
+            raise ClusterError(f"{key}.{k} must be {' or '.join(map(repr, rule.split(' | ')))}, got {v!r}")
 
 
 #: the cluster presets of the Hydra config (conf/cluster/<name>.yaml)

@@ -15,17 +15,24 @@ behind the same interface.
   into forward and backward): the same roofline on a layer's ``flops_fwd`` / ``flops_bwd`` and
   its memory traffic (``io_bytes`` forward, twice that backward), scaled by the shard's
   fraction of the iteration domain; inputs and views cost nothing.
+
+The figures are checked when a model is built (:func:`check_roofline`): efficiencies in
+(0, 1] by op class (``conv``, ``gemm``, ``other``), ``mem_efficiency`` in (0, 1],
+``launch_us`` >= 0, ``sync`` ring or ps; a bad one is a :class:`CostModelError` naming its key
+(``costs.efficiency.gemm must be in (0, 1], got 1.5``).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 import weakref
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from harness.cluster import Cluster, DeviceSpec
+from harness.cluster import Cluster, DeviceSpec, non_negative_number, unit_fraction
+from harness.errors import UserError
 from harness.graph import UPDATE, OpGraph
 
 if TYPE_CHECKING:
@@ -45,6 +52,70 @@ LAYER_CLASSES: dict[str, str] = {
 }
 #: layer kinds that run no kernel (an input is written by the data loader; a view aliases)
 FREE_LAYER_KINDS = frozenset({"input", "view"})
+
+
+class CostModelError(UserError, ValueError):
+    """A cost-model figure is out of range or a key is unknown; the message names the key."""
+
+
+#: the roofline's op classes and their default efficiencies (``costs.efficiency``)
+DEFAULT_EFFICIENCY: dict[str, float] = {"conv": 0.5, "gemm": 0.7, "other": 1.0}
+
+
+def _efficiency_table(efficiency: Mapping[str, Any] | None, key: str) -> dict[str, float]:
+    """The efficiency of every op class: the defaults overridden by ``efficiency`` (each in (0, 1])."""
+    given = dict(efficiency or {})
+    unknown = [str(k) for k in given if k not in DEFAULT_EFFICIENCY]
+    if unknown:
+        raise CostModelError(f"{key}.{unknown[0]} is not an op class: the roofline's classes are {', '.join(DEFAULT_EFFICIENCY)}")
+    return {**DEFAULT_EFFICIENCY, **{k: unit_fraction(v, f"{key}.{k}", CostModelError) for k, v in given.items()}}
+
+
+def _sync_mode(sync: Any, key: str) -> str:
+    """``ring`` (ring all-reduce) or ``ps`` (parameter server)."""
+    if sync not in ("ring", "ps"):
+        raise CostModelError(f"{key} must be 'ring' or 'ps', got {sync!r}")
+    return str(sync)
+
+
+#: the analytical model's figures and how each is checked and converted (value, key) -> value
+ROOFLINE_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "efficiency": _efficiency_table,
+    "mem_efficiency": lambda v, key: unit_fraction(v, key, CostModelError),
+    "launch_us": lambda v, key: non_negative_number(v, key, CostModelError),
+    "sync": _sync_mode,
+}
+
+
+def config_keys(owner: type) -> list[str]:
+    """The keyword parameters a cost-model class takes from its config: its own and its bases'
+    (a subclass passes the keys it does not take on to its base, as ``PaseCostModel`` does;
+    ``cluster`` is given by the harness)."""
+    keys: list[str] = []
+    for cls in owner.__mro__:
+        if "__init__" not in vars(cls) or cls is object:
+            continue
+        for name, p in inspect.signature(cls.__init__).parameters.items():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in ("self", "cluster", *keys):
+                keys.append(name)
+    return keys
+
+
+def refuse_unknown(owner: type, unknown: Mapping[str, Any]) -> None:
+    """Refuse config keys the cost model ``owner`` does not take (``+costs.<key>=...``), naming
+    the first and listing those it takes."""
+    if unknown:
+        raise CostModelError(f"costs.{next(iter(unknown))} is not a parameter of {owner.__name__}: it takes {', '.join(config_keys(owner))}")
+
+
+def check_roofline(block: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The analytical model's figures given in a config block (``costs``, ``costs.fallback``),
+    checked and converted; a key the model does not take or a value out of range is a
+    :class:`CostModelError` naming ``<key>.<name>``."""
+    unknown = [str(k) for k in block if k not in ROOFLINE_CHECKS]
+    if unknown:
+        raise CostModelError(f"{key}.{unknown[0]} is not a figure of the analytical model: it takes {', '.join(ROOFLINE_CHECKS)}")
+    return {k: ROOFLINE_CHECKS[k](v, f"{key}.{k}") for k, v in block.items()}
 
 
 def op_class(target: str) -> str:
@@ -99,14 +170,15 @@ class AnalyticalCostModel:
         mem_efficiency: float = 0.8,
         launch_us: float = 5.0,
         sync: str = "ring",
+        **unknown: Any,
     ) -> None:
-        if sync not in ("ring", "ps"):
-            raise ValueError(f"costs.sync must be 'ring' or 'ps', got {sync!r}")
+        refuse_unknown(type(self), unknown)
+        fig = check_roofline({"efficiency": efficiency, "mem_efficiency": mem_efficiency, "launch_us": launch_us, "sync": sync}, "costs")
         self.cluster = cluster
-        self.efficiency = {"conv": 0.5, "gemm": 0.7, "other": 1.0, **dict(efficiency or {})}
-        self.mem_efficiency = float(mem_efficiency)
-        self.launch = float(launch_us) * 1e-6
-        self.sync = sync
+        self.efficiency = fig["efficiency"]
+        self.mem_efficiency = fig["mem_efficiency"]
+        self.launch = fig["launch_us"] * 1e-6
+        self.sync = fig["sync"]
         self._parts: "weakref.WeakKeyDictionary[OpGraph, dict[str, tuple[np.ndarray, np.ndarray]]]" = weakref.WeakKeyDictionary()
 
     # -- compute

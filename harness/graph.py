@@ -9,19 +9,32 @@ a forward pass and backwards for a backward pass without sorting.
 What the papers call the computation graph G = (V, E) with computation costs w_i and
 communication costs c_ij (Celeritas Eq. 1; FD-DPS Sec. 3) is this graph plus a
 :class:`harness.costs.CostModel`, which turns FLOPs and bytes into seconds.
+
+A graph file (:meth:`OpGraph.load`, ``model=from_file``) is checked before it is used, and
+every mistake is a :class:`GraphError` naming the file and the culprit: a missing, empty or
+malformed file (with the JSON line and column), a value that is not a JSON object, an unknown
+or missing field, FLOPs, bytes or memory that are negative or not finite (by node, edge or
+parameter), an index outside its range (by array and position: ``src[4] = 17``), and a cycle
+(by the nodes on it; ids that are merely not topological are renumbered, as
+:meth:`OpGraph.from_unordered` does).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from harness.errors import UserError
 from harness.kernels import KernelTable
+
+#: what :func:`read_json_object` calls a JSON value that is not an object, by Python type
+_JSON_KINDS: dict[type, str] = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+                                type(None): "null"}
 
 PHASES: tuple[str, ...] = ("forward", "backward", "update")
 FORWARD, BACKWARD, UPDATE = 0, 1, 2
@@ -39,6 +52,31 @@ GRAPH_FORMAT = "harness.opgraph/1"
 
 class GraphError(UserError, ValueError):
     """A graph is malformed (a cycle, an edge to a missing node, arrays of wrong length)."""
+
+
+def read_json_object(path: str | Path, what: str, error: type[UserError]) -> dict[str, Any]:
+    """The JSON object in the file at ``path`` (``what`` names the file in messages, e.g.
+    ``graph file``); a missing, unreadable, empty or malformed file, or one that holds another
+    JSON value, is ``error`` with the path and, where it applies, the JSON line and column."""
+    p = Path(path)
+    if not p.exists():
+        raise error(f"{what} {p} does not exist")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"cannot read {what} {p}: {getattr(e, 'strerror', None) or e}") from None
+    if not text.strip():
+        raise error(f"{what} {p} is empty (line 1, column 1): expected a JSON object")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{what} {p} is not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+    if not isinstance(value, dict):
+        start = len(text) - len(text.lstrip())
+        line = text.count("\n", 0, start) + 1
+        col = start - (text.rfind("\n", 0, start) + 1) + 1
+        raise error(f"{what} {p} holds {_JSON_KINDS.get(type(value), 'a JSON value')} at line {line}, column {col}: expected a JSON object")
+    return value
 
 
 def csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -74,22 +112,25 @@ def topological_order(n: int, src: np.ndarray, dst: np.ndarray, names: Sequence[
                 heapq.heappush(heap, w)
     if len(order) != n:
         stuck = [v for v in range(n) if indeg[v] > 0]
-        cycle = _find_cycle(stuck, ptr_l, succ_l, set(stuck))
+        pptr, pred, _ = csr(n, dst, src)
+        cycle = _find_cycle(stuck, pptr.tolist(), pred.tolist(), set(stuck))
         label = (lambda v: f"{v} ({names[v]})") if names is not None else str
         raise GraphError("graph has a cycle through nodes " + " -> ".join(label(v) for v in cycle))
     return np.asarray(order, dtype=np.int64)
 
 
-def _find_cycle(stuck: list[int], ptr: list[int], succ: list[int], alive: set[int]) -> list[int]:
-    """Walk successors inside the nodes Kahn could not remove until a node repeats."""
+def _find_cycle(stuck: list[int], ptr: list[int], pred: list[int], alive: set[int]) -> list[int]:
+    """Walk predecessors inside the nodes Kahn could not remove until a node repeats, and
+    return that cycle in edge order.  Every such node has a predecessor among them (its
+    in-degree stayed above 0), whereas one downstream of a cycle may have no successor there."""
     v = stuck[0]
     seen: dict[int, int] = {}
     path: list[int] = []
     while v not in seen:
         seen[v] = len(path)
         path.append(v)
-        v = next(succ[i] for i in range(ptr[v], ptr[v + 1]) if succ[i] in alive)
-    return path[seen[v]:] + [v]
+        v = next(pred[i] for i in range(ptr[v], ptr[v + 1]) if pred[i] in alive)
+    return (path[seen[v]:] + [v])[::-1]
 
 
 class EdgeListGraph:
@@ -376,11 +417,18 @@ class OpGraph(EdgeListGraph):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "OpGraph":
+        """The graph of a :meth:`to_dict` mapping, checked (see the module docstring); node ids
+        that are not a topological order are renumbered (:meth:`from_unordered`)."""
         fmt = d.get("format")
         if fmt != GRAPH_FORMAT:
             raise GraphError(f"not an op graph file: format is {fmt!r}, expected {GRAPH_FORMAT!r}")
         kw = {k: v for k, v in d.items() if k != "format"}
-        return cls(**kw)
+        _check_fields(kw)
+        _check_edges(kw)
+        _check_nodes(kw)
+        _check_params(kw)
+        src, dst = np.asarray(kw["src"]), np.asarray(kw["dst"])
+        return cls.from_unordered(**kw) if (src >= dst).any() else cls(**kw)
 
     def save(self, path: str | Path) -> None:
         """Write the graph as JSON (``.json``) readable by :meth:`load` and ``model=from_file``."""
@@ -388,10 +436,13 @@ class OpGraph(EdgeListGraph):
 
     @classmethod
     def load(cls, path: str | Path) -> "OpGraph":
-        p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"graph file {p} does not exist")
-        return cls.from_dict(json.loads(p.read_text()))
+        """The graph saved at ``path`` by :meth:`save`; any mistake in the file is a
+        :class:`GraphError` that names the file (see the module docstring)."""
+        d = read_json_object(path, "graph file", GraphError)
+        try:
+            return cls.from_dict(d)
+        except UserError as e:
+            raise GraphError(f"graph file {path}: {e}") from None
 
     def summary(self) -> str:
         return (
@@ -401,6 +452,132 @@ class OpGraph(EdgeListGraph):
 
     def __repr__(self) -> str:
         return self.summary()
+
+
+# ---------------------------------------------------------------------------- graph file checks
+def _file_fields() -> tuple[list[str], list[str]]:
+    """The (required, optional) fields of a graph file: OpGraph's dataclass fields without and
+    with a default (``fx`` is never saved)."""
+    fs = [f for f in dataclasses.fields(OpGraph) if f.name != "fx"]
+    required = [f.name for f in fs if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    return required, [f.name for f in fs if f.name not in required]
+
+
+def _check_fields(d: dict[str, Any]) -> None:
+    """Every required field present, none unknown, ``names`` a list of strings."""
+    required, optional = _file_fields()
+    unknown = [k for k in d if k not in required and k not in optional]
+    if unknown:
+        raise GraphError(f"field {unknown[0]!r} is not an op graph field (fields: {', '.join(required + optional)})")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise GraphError(f"field {missing[0]!r} is missing (an op graph file needs {', '.join(required)})")
+    if not isinstance(d["names"], list) or not all(isinstance(x, str) for x in d["names"]):
+        raise GraphError("field 'names' must be a list of node names (strings)")
+
+
+def _length(d: dict[str, Any], field: str) -> int:
+    """The number of entries of list field ``field`` (0 when the file leaves it out)."""
+    value = d.get(field, [])
+    if not isinstance(value, list):
+        raise GraphError(f"field {field!r} must be a list, got {type(value).__name__}")
+    return len(value)
+
+
+def _numbers(d: dict[str, Any], field: str, length: int) -> np.ndarray:
+    """Field ``field`` as a float64 array of ``length`` entries, or a GraphError naming it."""
+    try:
+        arr = np.asarray(d[field], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise GraphError(f"field {field!r} must be a list of numbers") from None
+    if arr.ndim != 1:
+        raise GraphError(f"field {field!r} must be a flat list of numbers")
+    if len(arr) != length:
+        raise GraphError(f"field {field!r} has {len(arr)} entries, expected {length}")
+    return arr
+
+
+def _show(x: float) -> str:
+    """A number as the file wrote it (``-3``, ``1.5``, ``nan``)."""
+    return str(int(x)) if np.isfinite(x) and x == int(x) else repr(float(x))
+
+
+def _check_indices(d: dict[str, Any], field: str, length: int, lo: int, hi: int, what: str) -> np.ndarray:
+    """Field ``field``: ``length`` integers in ``lo..hi`` (``what`` says what they index),
+    naming the array and position of the first that is not."""
+    arr = _numbers(d, field, length)
+    bad = np.flatnonzero((arr != np.round(arr)) | ~np.isfinite(arr) | (arr < lo) | (arr > hi))
+    if len(bad):
+        i = int(bad[0])
+        raise GraphError(f"{field}[{i}] = {_show(arr[i])} is not in {lo}..{hi} ({what})")
+    return arr.astype(np.int64)
+
+
+def _check_figures(d: dict[str, Any], field: str, length: int, integral: bool, label: Callable[[int], str]) -> None:
+    """Field ``field``: ``length`` FLOPs or byte counts, each finite and >= 0 (and an integer
+    when ``integral``); ``label(i)`` names the node, edge or parameter of a bad one."""
+    arr = _numbers(d, field, length)
+    bad = ~np.isfinite(arr) | (arr < 0)
+    if integral:
+        bad |= arr != np.round(arr)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        rule = "an integer >= 0" if integral else "a finite number >= 0"
+        raise GraphError(f"{label(i)} has {field} = {_show(arr[i])}; {field} must be {rule}")
+
+
+def _check_edges(d: dict[str, Any]) -> None:
+    """``src`` and ``dst`` name nodes; ``nbytes`` are byte counts, named by edge."""
+    names = d["names"]
+    n, e = len(names), _length(d, "src")
+    src = _check_indices(d, "src", e, 0, n - 1, "node ids")
+    dst = _check_indices(d, "dst", e, 0, n - 1, "node ids")
+    _check_figures(d, "nbytes", e, True, lambda i: f"edge {i} ({names[src[i]]} -> {names[dst[i]]})")
+
+
+def _check_nodes(d: dict[str, Any]) -> None:
+    """Per-node arrays: one entry each, FLOPs and bytes >= 0 (named by node), the codes in range."""
+    names = d["names"]
+    n = len(names)
+    if not isinstance(d["targets"], list) or len(d["targets"]) != n:
+        raise GraphError(f"field 'targets' must be a list of {n} op names (one per node)")
+    for field in ("flops", "out_bytes", "work_bytes"):
+        _check_figures(d, field, n, field != "flops", lambda i: f"node {i} ({names[i]})")
+    layers = d["layer_names"]
+    if not isinstance(layers, list):
+        raise GraphError("field 'layer_names' must be a list of module paths")
+    _check_indices(d, "layer", n, 0, len(layers) - 1, "indices into layer_names")
+    _check_indices(d, "phase", n, 0, len(PHASES) - 1, "phases " + ", ".join(PHASES))
+    _check_indices(d, "batch_role", n, 0, len(BATCH_ROLES) - 1, "batch roles " + ", ".join(BATCH_ROLES))
+    _check_indices(d, "free", n, 0, 1, "0 or 1")
+    _check_indices(d, "coloc", n, -1, n - 1, "co-location groups, -1 for none")
+    for field in ("out_shapes", "out_dtypes"):
+        if d.get(field) is not None and (not isinstance(d[field], list) or len(d[field]) != n):
+            raise GraphError(f"field {field!r} must be null or a list of {n} entries (one per node)")
+    if d.get("meta") is not None and not isinstance(d["meta"], dict):
+        raise GraphError("field 'meta' must be a JSON object")
+
+
+def _check_params(d: dict[str, Any]) -> None:
+    """The parameter table: sizes >= 0 (named by parameter), the CSR ``param_ptr`` /
+    ``param_idx`` and ``grad_node`` / ``update_node`` in range."""
+    n = len(d["names"])
+    n_par = _length(d, "param_bytes")
+    pnames = d.get("param_names") or []
+    if not isinstance(pnames, list) or len(pnames) not in (0, n_par):
+        raise GraphError(f"field 'param_names' must be a list of {n_par} names (one per entry of param_bytes)")
+    if "param_bytes" in d:
+        _check_figures(d, "param_bytes", n_par, True, lambda p: f"parameter {p}" + (f" ({pnames[p]})" if pnames else ""))
+    n_idx = _length(d, "param_idx")
+    if "param_idx" in d:
+        _check_indices(d, "param_idx", n_idx, 0, n_par - 1, "indices into param_bytes")
+    if d.get("param_ptr") is not None:
+        ptr = _check_indices(d, "param_ptr", n + 1, 0, n_idx, "offsets into param_idx")
+        if ptr[0] != 0 or ptr[-1] != n_idx or (np.diff(ptr) < 0).any():
+            raise GraphError(f"param_ptr must rise from 0 to {n_idx} (the length of param_idx), one offset per node and one more")
+    for field in ("grad_node", "update_node"):
+        if field in d:
+            _check_indices(d, field, n_par, -1, n - 1, "node ids, -1 for none")
 
 
 def edges_from_pairs(pairs: Iterable[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

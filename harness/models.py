@@ -8,18 +8,44 @@ give a :meth:`TorchModel.layer_graph`.  Three kinds:
 * :class:`SyntheticGraph`: a seeded random layered DAG with a chosen size and CCR, for
   scaling studies.
 * :class:`GraphFile`: a graph saved with :meth:`OpGraph.save`.
+
+Every source checks its config when it is built (by ``harness.run.build``, before anything is
+traced or simulated), and a mistake is a :class:`harness.errors.UserError` whose one-line
+message names the key as the user types it (``model.batch_size``, ``model.module.depth``):
+
+* **Keys.**  A model config may hold the parameters of its source's constructor and, for a
+  :class:`TorchModel`, the *helper keys* it lists in ``helpers``: values such as
+  ``image_size`` or ``vocab`` that exist only to be interpolated into ``module``, ``inputs``
+  or ``target`` (``shape: [3, "${....image_size}", ...]``).  Hydra resolves the interpolations
+  before a source sees its config, so which keys they read cannot be found out afterwards;
+  ``helpers`` declares them.  Any other key (``+model.batchsize=8``) is refused, naming it and
+  listing the keys the source takes; so is a listed helper the config does not set.
+* **The factory's keys.**  The keys under ``model.module`` (but Hydra's ``_target_``,
+  ``_args_``, ...) are the keyword arguments of the factory ``module._target_``: one its
+  signature does not take (unless it takes ``**kwargs``) or a required one that is not given
+  is refused, naming ``model.module.<key>``.
+* **Values.**  ``batch_size`` is an integer >= 1 (2.5, ``null`` and ``abc`` are refused, not
+  rounded); a synthetic graph's sizes and reference figures are in range.
+* **Graph files.**  The file is read and checked (:meth:`OpGraph.load`) when the source is
+  built; what a file graph cannot apply is refused, not ignored: a ``model.batch_size`` other
+  than the file's, a ``graph.granularity`` or ``graph.optimizer`` other than the one it was
+  captured with, a precision other than fp32.  Without ``model.name`` it is named after the
+  file's stem.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from harness.capture import CaptureError, TensorSpec, capture, colocate_gradients
-from harness.graph import BATCHED, FORWARD, OpGraph
+from harness.cluster import integer, non_negative_number, positive_int, positive_number
+from harness.errors import UserError
+from harness.graph import BATCHED, FORWARD, GraphError, OpGraph
 
 _CACHE: dict[str, OpGraph] = {}
 _LAYER_CACHE: dict[str, Any] = {}
@@ -34,6 +60,85 @@ def _plain(x: Any) -> Any:
     except ImportError:  # pragma: no cover - omegaconf ships with hydra
         pass
     return x
+
+
+class ModelConfigError(UserError, ValueError):
+    """A model config key is unknown or its value out of range; the message names the key."""
+
+
+#: keys under ``model.module`` that Hydra's ``instantiate`` reads itself
+HYDRA_KEYS = frozenset({"_target_", "_args_", "_recursive_", "_convert_", "_partial_"})
+
+
+def _one_line(text: Any) -> str:
+    """``text`` with its whitespace runs (newlines included) folded into single spaces."""
+    return " ".join(str(text).split())
+
+
+def _parameters(owner: type) -> list[str]:
+    """The keyword parameters of ``owner``'s constructor (its config keys)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [n for n, p in inspect.signature(owner.__init__).parameters.items() if n != "self" and p.kind in kinds]
+
+
+def _refuse_unknown_keys(owner: type, name: str, extra: Mapping[str, Any], helpers: Sequence[str] | None = None) -> None:
+    """Refuse the model config keys in ``extra`` (those ``owner``'s constructor did not take)
+    that are not listed ``helpers`` (None: the source takes none), and the listed helpers
+    ``extra`` does not set."""
+    unknown = [str(k) for k in extra if k not in (helpers or ())]
+    if unknown:
+        listed = "" if helpers is None else (f", and the helpers it lists ({', '.join(helpers)}); a key that only feeds "
+                                             "module, inputs or target interpolations must be listed in model.helpers")
+        raise ModelConfigError(f"model.{unknown[0]} is not a key of model {name!r}: {owner.__name__} takes "
+                               f"{', '.join(_parameters(owner))}{listed}")
+    unset = [h for h in helpers or () if h not in extra]
+    if unset:
+        raise ModelConfigError(f"model.helpers lists {unset[0]!r}, which model {name!r} does not set: "
+                               f"set +model.{unset[0]}=... or drop it from model.helpers")
+
+
+def _helper_list(helpers: Any) -> list[str]:
+    """``model.helpers`` as a list of key names."""
+    value = _plain(helpers)
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(h, str) for h in value):
+        raise ModelConfigError(f"model.helpers must be a list of key names, got {value!r}")
+    return list(value)
+
+
+def _factory(target: str) -> Callable[..., Any]:
+    """The callable ``model.module._target_`` names, located (and authorised) by Hydra without calling it."""
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate({"_target_": target}, _partial_=True).func
+    except Exception as e:  # noqa: BLE001 - Hydra wraps the import error
+        raise CaptureError(f"model.module._target_={target} cannot be imported ({_one_line(e.__cause__ or e)}); "
+                           "name an importable nn.Module factory, e.g. model.module._target_=my_pkg.make_model") from e
+
+
+def _check_factory_keys(module_cfg: Mapping[str, Any]) -> None:
+    """Refuse keys under ``model.module`` that its factory does not take, and required
+    parameters of the factory that are not given (see the module docstring)."""
+    target = str(module_cfg["_target_"])
+    try:
+        params = inspect.signature(_factory(target)).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call will tell
+        return
+    given = [str(k) for k in module_cfg if k not in HYDRA_KEYS]
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in given if k not in named]
+        if unknown:
+            raise ModelConfigError(f"model.module.{unknown[0]} is not a parameter of {target}: it takes "
+                                   f"{', '.join(named) or 'no arguments'}; fix the name or remove the key")
+    positional = [n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    by_args = positional[:len(module_cfg.get("_args_") or ())]
+    required = [n for n, p in params.items() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                and n not in given and n not in by_args]
+    if required:
+        raise ModelConfigError(f"model.module.{required[0]} is required by {target}: set +model.module.{required[0]}=...")
 
 
 def _is_missing(module: Any) -> bool:
@@ -57,19 +162,21 @@ class TorchModel:
         inputs: Sequence[Mapping[str, Any]],
         target: Mapping[str, Any],
         loss: str = "cross_entropy",
+        helpers: Sequence[str] | None = None,
         **extra: Any,
     ) -> None:
         self.name = str(name)
+        _refuse_unknown_keys(TorchModel, self.name, extra, _helper_list(helpers))
         if isinstance(module, Mapping) and str(module.get("_target_", "")) == "???" or _is_missing(module):
             raise CaptureError(f"model {self.name!r}: set model.module._target_ to an nn.Module factory, e.g. model.module._target_=my_pkg.make_model")
         self.module_cfg = _plain(module)
         if not isinstance(self.module_cfg, Mapping) or "_target_" not in self.module_cfg:
             raise CaptureError(f"model {self.name!r}: `module` needs a _target_ naming an nn.Module factory")
-        self.batch_size = int(batch_size)
+        _check_factory_keys(self.module_cfg)
+        self.batch_size = positive_int(batch_size, "model.batch_size", ModelConfigError)
         self.inputs = [TensorSpec.from_cfg(_plain(s)) for s in inputs]
         self.target = TensorSpec.from_cfg(_plain(target))
         self.loss = str(loss)
-        self.extra = {k: _plain(v) for k, v in extra.items()}
 
     def build(self) -> Any:
         """A fresh module (on whatever device is current)."""
@@ -78,7 +185,8 @@ class TorchModel:
         try:
             return instantiate(self.module_cfg)
         except Exception as e:  # noqa: BLE001
-            raise CaptureError(f"could not build model {self.name!r} from {self.module_cfg.get('_target_')}: {e}") from e
+            raise CaptureError(f"could not build model {self.name!r} from {self.module_cfg.get('_target_')}: "
+                               f"{_one_line(e.__cause__ or e)}") from e
 
     def _key(self, **kw: Any) -> str:
         return json.dumps([self.name, self.module_cfg, self.batch_size, [s.__repr__() for s in self.inputs], repr(self.target), self.loss, kw], sort_keys=True, default=str)
@@ -136,6 +244,14 @@ def _graph_options(g: OpGraph, colocate: bool) -> OpGraph:
     return colocate_gradients(g) if colocate else g
 
 
+def _probability(value: Any, key: str) -> float:
+    """``value`` as a float in [0, 1], else a ModelConfigError naming ``key``."""
+    p = non_negative_number(value, key, ModelConfigError)
+    if p > 1:
+        raise ModelConfigError(f"{key} must be in [0, 1], got {value!r}")
+    return p
+
+
 class SyntheticGraph:
     """A seeded random layered DAG (a scaling-study workload).
 
@@ -163,15 +279,18 @@ class SyntheticGraph:
         batch_size: int = 1,
         **extra: Any,
     ) -> None:
-        if nodes < 1:
-            raise ValueError(f"synthetic graph needs nodes >= 1, got {nodes}")
-        if ccr < 0:
-            raise ValueError(f"synthetic graph needs ccr >= 0, got {ccr}")
-        self.name, self.nodes, self.ccr, self.seed = str(name), int(nodes), float(ccr), int(seed)
-        self.width = int(width) if width else max(1, int(round(np.sqrt(self.nodes))))
-        self.degree, self.skip, self.gflops = float(degree), float(skip), float(gflops)
-        self.ref_flops, self.ref_bw = float(ref_tflops) * 1e12, float(ref_bw_GBps) * 1e9
-        self.batch_size = int(batch_size)
+        _refuse_unknown_keys(SyntheticGraph, str(name), extra)
+        self.name = str(name)
+        self.nodes = positive_int(nodes, "model.nodes", ModelConfigError)
+        self.ccr = non_negative_number(ccr, "model.ccr", ModelConfigError)
+        self.seed = integer(seed, "model.seed", ModelConfigError)
+        self.width = max(1, int(round(np.sqrt(self.nodes)))) if width is None else positive_int(width, "model.width", ModelConfigError)
+        self.degree = positive_number(degree, "model.degree", ModelConfigError)
+        self.skip = _probability(skip, "model.skip")
+        self.gflops = positive_number(gflops, "model.gflops", ModelConfigError)
+        self.ref_flops = positive_number(ref_tflops, "model.ref_tflops", ModelConfigError) * 1e12
+        self.ref_bw = positive_number(ref_bw_GBps, "model.ref_bw_GBps", ModelConfigError) * 1e9
+        self.batch_size = positive_int(batch_size, "model.batch_size", ModelConfigError)
 
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
                  colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
@@ -219,24 +338,33 @@ class SyntheticGraph:
 
 
 class GraphFile:
-    """A graph saved with :meth:`OpGraph.save` (``model=from_file model.path=...``)."""
+    """A graph saved with :meth:`OpGraph.save` (``model=from_file model.path=...``), read and
+    checked when the source is built; ``batch_size`` is the file's (a different
+    ``model.batch_size`` is refused)."""
 
     def __init__(self, path: str, name: str | None = None, batch_size: int | None = None, **extra: Any) -> None:
+        _refuse_unknown_keys(GraphFile, str(name or path), extra)
         if not path or path == "???":
-            raise ValueError("model=from_file needs model.path=<graph.json>")
+            raise ModelConfigError("model=from_file needs model.path=<graph.json> (a graph saved with OpGraph.save)")
         self.path = Path(path)
-        self._graph: OpGraph | None = None
+        self._graph = OpGraph.load(self.path)
         self.name = name or self.path.stem
-        self._batch = batch_size
+        self.batch_size = positive_int(self._graph.meta.get("batch_size", 1), f"graph file {self.path}: meta.batch_size", GraphError)
+        if batch_size is not None and positive_int(batch_size, "model.batch_size", ModelConfigError) != self.batch_size:
+            raise ModelConfigError(f"model.batch_size={batch_size} cannot apply to graph file {self.path}: its batch size "
+                                   f"is {self.batch_size}, fixed when it was captured; leave model.batch_size=null")
 
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
                  colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
-        """The saved graph (as saved: the capture options do not apply, co-location does)."""
+        """The saved graph (as saved: a capture option other than the file's is refused, co-location applies)."""
         _fixed_precision(self.name, precision, "a graph file keeps the dtypes it was captured with")
-        if self._graph is None:
-            self._graph = OpGraph.load(self.path)
+        self._fixed_option("granularity", granularity, str(self._graph.meta.get("granularity", "aten")))
+        if "optimizer" in self._graph.meta:
+            self._fixed_option("optimizer", optimizer, str(self._graph.meta["optimizer"]))
         return _graph_options(self._graph, colocate_gradients)
 
-    @property
-    def batch_size(self) -> int:
-        return int(self._batch or self.op_graph().meta.get("batch_size", 1))
+    def _fixed_option(self, option: str, asked: str, saved: str) -> None:
+        """Refuse ``graph.<option>=asked`` when the file was captured with ``saved``."""
+        if str(asked) != saved:
+            raise ModelConfigError(f"graph.{option}={asked} cannot apply to graph file {self.path}: it was captured with "
+                                   f"{option} {saved}; pass graph.{option}={saved}")

@@ -52,6 +52,11 @@ embedding's vocabulary dim is not in our layer graph, so it is never split; a
 For the simulator, ``PaseCostModel`` is the analytical roofline of the cluster (it subclasses
 :class:`harness.costs.AnalyticalCostModel`), so a PaSE strategy's simulated step time is
 comparable with every other strategy's.
+
+Its figures are checked when it is built: ``peak_tflops`` and ``bw_GBps`` > 0, ``cutoff``
+``auto`` or an integer >= 1, ``product`` at_most or divides, and the roofline's as
+:func:`harness.costs.check_roofline`; a bad one is a :class:`harness.costs.CostModelError`
+naming its key.
 """
 
 from __future__ import annotations
@@ -60,8 +65,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.cluster import Cluster
-from harness.costs import AnalyticalCostModel
+from harness.cluster import Cluster, positive_int, positive_number
+from harness.costs import AnalyticalCostModel, CostModelError
 from harness.layergraph import LayerGraph
 from harness.layer_shards import output_dim_names
 
@@ -107,12 +112,12 @@ class PaseCostModel(AnalyticalCostModel):
                  product: str = "at_most", **roofline: Any) -> None:
         super().__init__(cluster, **roofline)
         if product not in ("at_most", "divides"):
-            raise ValueError(f"costs.product must be 'at_most' or 'divides', got {product!r}")
-        self.peak_flops = float(peak_tflops) * 1e12
-        self.word_bw = float(bw_GBps) * 1e9 / 8.0
+            raise CostModelError(f"costs.product must be 'at_most' or 'divides', got {product!r}")
+        self.peak_flops = positive_number(peak_tflops, "costs.peak_tflops", CostModelError) * 1e12
+        self.word_bw = positive_number(bw_GBps, "costs.bw_GBps", CostModelError) * 1e9 / 8.0
         #: FLOPs per word communicated (PaSE's WordsToFlops factor)
         self.r = self.peak_flops / self.word_bw
-        self.cutoff = cutoff
+        self.cutoff = cutoff if cutoff in (None, "auto") else positive_int(cutoff, "costs.cutoff", CostModelError)
         self.product = product
 
     def cutoff_for(self, lg: LayerGraph) -> int:

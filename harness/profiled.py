@@ -21,6 +21,13 @@ launch floor (the 5th percentile of the profile's kernel times).  Views, getitem
 take their measured time (``free_ops: measured``, a few microseconds of dispatch) or
 nothing (``free_ops: zero``, as the analytical model).  Transfers, all-reduce and memory
 are the analytical model's (alpha-beta links of the cluster, ring all-reduce, bytes).
+
+What is given is checked when the model is built: a ``costs.profile_dir`` or a
+``costs.profiles`` entry that does not exist, or an entry for a device kind the cluster does
+not have, is a :class:`harness.profile.ProfileError` (not a silent fall-back to the roofline);
+the ``fallback`` figures as :func:`harness.costs.check_roofline` (named ``costs.fallback.*``).
+Without ``profile_dir`` the profiles of the repository are read, and a device kind none was
+taken for falls back (counted in the report).
 """
 
 from __future__ import annotations
@@ -33,12 +40,40 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from harness.cluster import Cluster
-from harness.costs import AnalyticalCostModel
+from harness.costs import AnalyticalCostModel, CostModelError, check_roofline, refuse_unknown
 from harness.execgraph import graph_fingerprint, node_keys
 from harness.graph import OpGraph
 from harness.profile import PROFILE_ROOT, ProfileError, profile_dir_for
 
 BY_INDEX, BY_KEY, FALLBACK = 0, 1, 2
+
+
+def _profile_root(profile_dir: str | Path | None) -> Path:
+    """The directory of per-device-kind profiles: ``costs.profile_dir``, which must exist, or
+    the repository's ``results/profiles`` when it is null."""
+    if not profile_dir:
+        return PROFILE_ROOT
+    root = Path(profile_dir)
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise ProfileError(f"costs.profile_dir={profile_dir} {what}: give the directory python -m harness.profile wrote "
+                           f"(a subdirectory per device kind), or null for {PROFILE_ROOT}")
+    return root
+
+
+def _profile_paths(profiles: Mapping[str, str] | None, cluster: Cluster) -> dict[str, Path]:
+    """``costs.profiles``: per device kind of the cluster, an existing profile directory or
+    .parquet file."""
+    kinds = sorted({d.spec.kind for d in cluster.devices})
+    out: dict[str, Path] = {}
+    for kind, path in dict(profiles or {}).items():
+        key = f"costs.profiles[{str(kind)!r}]"
+        if str(kind) not in kinds:
+            raise ProfileError(f"{key}: cluster {cluster.name!r} has no device of kind {str(kind)!r} (its kinds: {', '.join(map(repr, kinds))})")
+        if not Path(path).exists():
+            raise ProfileError(f"{key}={path} does not exist: give a profile directory or .parquet file of python -m harness.profile")
+        out[str(kind)] = Path(path)
+    return out
 
 
 class _Parts:
@@ -66,15 +101,18 @@ class ProfiledCostModel:
         fallback: Mapping[str, Any] | None = None,
         free_ops: str = "measured",
         stat: str = "time_s",
+        **unknown: Any,
     ) -> None:
+        refuse_unknown(type(self), unknown)
         if free_ops not in ("measured", "zero"):
-            raise ValueError(f"costs.free_ops must be 'measured' or 'zero', got {free_ops!r}")
+            raise CostModelError(f"costs.free_ops must be 'measured' or 'zero', got {free_ops!r}")
         if stat not in ("time_s", "time_mean_s", "time_min_s"):
-            raise ValueError(f"costs.stat must be time_s (median), time_mean_s or time_min_s, got {stat!r}")
+            raise CostModelError(f"costs.stat must be time_s (median), time_mean_s or time_min_s, got {stat!r}")
         self.cluster = cluster
+        check_roofline(dict(fallback or {}), "costs.fallback")
         self.analytical = AnalyticalCostModel(cluster, **dict(fallback or {}))
-        self.root = Path(profile_dir) if profile_dir else PROFILE_ROOT
-        self.paths = {str(k): Path(v) for k, v in dict(profiles or {}).items()}
+        self.root = _profile_root(profile_dir)
+        self.paths = _profile_paths(profiles, cluster)
         self.free_ops = free_ops
         self.stat = stat
         self._tables: dict[str, Any] = {}

@@ -9,6 +9,11 @@ which also makes "run each device's tasks strictly in order" deadlock-free.
 A :class:`Plan` pairs the strategy with the graph it refers to: most algorithms return
 the input graph unchanged; FD-DPS splits operators and Celeritas coarsens, so they return
 a rewritten graph with ``origin`` mapping each new node back to the original.
+
+Integers stay integers: a device id, order or config id that is not an integer (1.7) and a
+parallel degree below 1 are refused when a strategy or config is built or loaded (a
+:class:`StrategyError` naming the array and position, or the config and dim), never rounded;
+:meth:`Strategy.validate` then checks them against the graph and the cluster.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from harness.cluster import integer
 from harness.errors import UserError
+from harness.graph import read_json_object
 
 STRATEGY_FORMAT = "harness.strategy/1"
 
@@ -40,9 +47,20 @@ class ParallelConfig:
     dims: tuple[tuple[str, int], ...]
     devices: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        for dim, d in self.dims:
+            if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1:
+                raise StrategyError(f"parallel config {dict(self.dims)}: the degree of {dim} is {d!r}; a degree must be an integer >= 1")
+        for k, dev in enumerate(self.devices):
+            if not isinstance(dev, (int, np.integer)) or isinstance(dev, bool):
+                raise StrategyError(f"parallel config {dict(self.dims)}: devices[{k}] is {dev!r}, not an integer device id")
+
     @classmethod
     def make(cls, dims: Mapping[str, int], devices: Sequence[int]) -> "ParallelConfig":
-        return cls(tuple((str(k), int(v)) for k, v in dims.items()), tuple(int(d) for d in devices))
+        """A config from a mapping of degrees and the shards' devices, all integers (2.0 is
+        taken, 1.7 refused)."""
+        return cls(tuple((str(k), integer(v, f"parallel config dims.{k}", StrategyError)) for k, v in dims.items()),
+                   tuple(integer(d, f"parallel config devices[{k}]", StrategyError) for k, d in enumerate(devices)))
 
     @property
     def degree(self) -> int:
@@ -59,11 +77,30 @@ class ParallelConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ParallelConfig":
+        if not isinstance(d, Mapping) or not isinstance(d.get("dims"), Mapping) or not isinstance(d.get("devices"), Sequence):
+            raise StrategyError(f"a parallel config is {{dims: {{dim: degree}}, devices: [device ids]}}, got {d!r}")
         return cls.make(d["dims"], d["devices"])
 
     def __str__(self) -> str:
         dims = ",".join(f"{k}={v}" for k, v in self.dims if v > 1) or "1"
         return f"[{dims}]@{list(self.devices)}"
+
+
+def _integers(values: Any, field: str, dtype: type) -> np.ndarray:
+    """``values`` as an integer array of ``dtype``; one that is not an integer (1.7, nan) is a
+    StrategyError naming ``strategy.<field>[i]`` (it would otherwise be truncated)."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iu":
+        return arr.astype(dtype)
+    try:
+        f = arr.astype(np.float64)
+    except (TypeError, ValueError):
+        raise StrategyError(f"strategy.{field} must be a list of integers, got {values!r:.80}") from None
+    bad = np.flatnonzero(~np.isfinite(f) | (f != np.round(f)))
+    if len(bad):
+        i = int(bad[0])
+        raise StrategyError(f"strategy.{field}[{i}] = {arr.flat[i].item()!r} is not an integer")
+    return f.astype(dtype)
 
 
 @dataclass(eq=False)
@@ -77,15 +114,15 @@ class Strategy:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.device = np.asarray(self.device, dtype=np.int32)
-        self.order = np.asarray(self.order, dtype=np.int64)
+        self.device = _integers(self.device, "device", np.int32)
+        self.order = _integers(self.order, "order", np.int64)
         n = len(self.device)
-        self.config_id = np.full(n, -1, dtype=np.int32) if self.config_id is None else np.asarray(self.config_id, dtype=np.int32)
+        self.config_id = np.full(n, -1, dtype=np.int32) if self.config_id is None else _integers(self.config_id, "config_id", np.int32)
 
     @classmethod
     def placement(cls, device: Sequence[int] | np.ndarray, order: Sequence[int] | np.ndarray | None = None, **meta: Any) -> "Strategy":
         """An operator placement; ``order`` defaults to node order (a topological order)."""
-        dev = np.asarray(device, dtype=np.int32)
+        dev = np.asarray(device)
         return cls(dev, np.arange(len(dev)) if order is None else np.asarray(order), meta=dict(meta))
 
     @classmethod
@@ -121,7 +158,8 @@ class Strategy:
     def validate(self, graph: Any, num_devices: int) -> None:
         """Raise :class:`StrategyError` unless every node is assigned to existing devices,
         configs' degrees multiply to their shard count (at most the device count), and
-        ``order`` respects every edge of ``graph``."""
+        ``order`` respects every edge of ``graph`` (integer ids and degrees >= 1 were checked
+        when the strategy and its configs were built)."""
         n = graph.num_nodes
         names = graph.names
         for arr, what in ((self.device, "device"), (self.order, "order"), (self.config_id, "config_id")):
@@ -170,22 +208,32 @@ class Strategy:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Strategy":
+        """The strategy of a :meth:`to_dict` mapping; a missing field, a config that is not one
+        and a value that is not an integer are a :class:`StrategyError` naming it."""
         if d.get("format") != STRATEGY_FORMAT:
             raise StrategyError(f"not a strategy: format is {d.get('format')!r}, expected {STRATEGY_FORMAT!r}")
-        return cls(
-            np.asarray(d["device"]),
-            np.asarray(d["order"]),
-            np.asarray(d["config_id"]),
-            [ParallelConfig.from_dict(c) for c in d["configs"]],
-            dict(d.get("meta", {})),
-        )
+        missing = [k for k in ("device", "order", "config_id", "configs") if k not in d]
+        if missing:
+            raise StrategyError(f"strategy field {missing[0]!r} is missing (a strategy has device, order, config_id, configs)")
+        configs = []
+        for i, c in enumerate(d["configs"]):
+            try:
+                configs.append(ParallelConfig.from_dict(c))
+            except StrategyError as e:
+                raise StrategyError(f"strategy configs[{i}]: {e}") from None
+        return cls(np.asarray(d["device"]), np.asarray(d["order"]), np.asarray(d["config_id"]), configs, dict(d.get("meta", {})))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> "Strategy":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The strategy saved at ``path``; a bad file is a :class:`StrategyError` naming it."""
+        d = read_json_object(path, "strategy file", StrategyError)
+        try:
+            return cls.from_dict(d)
+        except StrategyError as e:
+            raise StrategyError(f"strategy file {path}: {e}") from None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Strategy):
