@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from experiments.common import compose, results_dir
+from experiments.common import compose, output_dir
 from harness.run import build
 
 #: Celeritas Sec. 6.2.1: the four models, their batch sizes, 4 x V100 32 GB on PCIe
@@ -63,7 +63,7 @@ def common_args(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="small models and batches (seconds), for tests")
     ap.add_argument("--models", nargs="*", default=None, help="model:batch pairs (default: the paper's four)")
     ap.add_argument("--cluster", default=CLUSTER)
-    ap.add_argument("--out", default=None, help="output dir (default results/celeritas, or results/celeritas/quick)")
+    ap.add_argument("--out", default=None, help="output dir (default results/celeritas; --quick: outputs/experiments_quick/celeritas)")
     return ap
 
 
@@ -78,11 +78,7 @@ def models_of(a: argparse.Namespace, quick: list[tuple[str, int]] | None = None)
 
 
 def out_dir(a: argparse.Namespace) -> Path:
-    if a.out:
-        p = Path(a.out)
-        p.mkdir(parents=True, exist_ok=True)
-        return p
-    return results_dir("celeritas", "quick") if a.quick else results_dir("celeritas")
+    return output_dir(a, "celeritas")
 
 
 def load(model: str, batch: int, cluster: str, extra: list[str] | None = None) -> tuple[Any, Any, Any, Any, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 from hydra.utils import instantiate
 from tqdm import tqdm
 
-from experiments.common import compose, results_dir
+from experiments.common import compose, output_dir
 from harness.run import build
 
 #: FD-DPS Table 3 / 5: the six models and their batch sizes; the testbed is 8 P100 in one server
@@ -92,7 +92,7 @@ def common_args(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"python -m experiments {prog}", description=doc)
     ap.add_argument("--quick", action="store_true", help="small models and batches (seconds), for tests")
     ap.add_argument("--models", nargs="*", default=None, help="model:batch pairs (default: the paper's six)")
-    ap.add_argument("--out", default=None, help="output dir (default results/fddps, or results/fddps/quick)")
+    ap.add_argument("--out", default=None, help="output dir (default results/fddps; --quick: outputs/experiments_quick/fddps)")
     return ap
 
 
@@ -107,11 +107,7 @@ def models_of(a: argparse.Namespace, full: list[tuple[str, int]] | None = None) 
 
 
 def out_dir(a: argparse.Namespace) -> Path:
-    if a.out:
-        p = Path(a.out)
-        p.mkdir(parents=True, exist_ok=True)
-        return p
-    return results_dir("fddps", "quick") if a.quick else results_dir("fddps")
+    return output_dir(a, "fddps")
 
 
 def load(model: str, batch: int, cluster: str = CLUSTER, granularity: str = "aten") -> tuple[Any, Any, Any, Any]:

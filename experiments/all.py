@@ -2,8 +2,9 @@
 
 ``python -m experiments all`` runs every experiment in order into ``results/<paper>/``;
 ``--quick`` runs each one's quick mode (small models, batches and device counts) into a
-scratch directory (``outputs/experiments_quick`` unless ``--out``), so the committed
-results are never overwritten by a smoke run.  An experiment that fails is reported and
+scratch directory (``outputs/experiments_quick/<paper>/`` unless ``--out``: each experiment's
+``--quick`` writes there, see ``experiments.common.output_dir``), so the committed results are
+never overwritten by a smoke run.  An experiment that fails is reported and
 the others still run; the exit status says whether all succeeded.
 """
 
@@ -14,8 +15,6 @@ import importlib
 import time
 import traceback
 from pathlib import Path
-
-from experiments.common import REPO
 
 #: run order: producers before the experiments that reuse their files (optcnn_fig7 writes
 #: the sweep fig8 / table4 read, pase_search_time the strategies pase_speedup reads)
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="run only these experiments")
     ap.add_argument("--skip", nargs="*", default=(), help="experiments to leave out")
     a = ap.parse_args(argv)
-    root = Path(a.out) if a.out else (REPO / "outputs" / "experiments_quick" if a.quick else None)
+    root = Path(a.out) if a.out else None
     names = [n for n in (a.only or experiments()) if n not in set(a.skip)]
     status: dict[str, tuple[str, float]] = {}
     for i, name in enumerate(names, 1):

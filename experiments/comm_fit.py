@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.common import compose, results_dir
+from experiments.common import compose, output_dir
 
 #: (depth, width, batch) of the chains: the compute between messages grows with width^2 x
 #: batch, a message with width x batch, so the points vary the two apart
@@ -175,14 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments comm_fit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="measured steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="discarded steps per run")
-    ap.add_argument("--out", default=None, help="output dir (default results/sim_accuracy)")
+    ap.add_argument("--out", default=None,
+                    help="output dir (default results/sim_accuracy; --quick: outputs/experiments_quick/sim_accuracy)")
     ap.add_argument("--quick", action="store_true", help="one small chain under round robin, 3 steps, a coarse grid: checks the pipeline")
     a = ap.parse_args(argv)
     points, algos, grid = POINTS, ALGOS, GRID
     if a.quick:
         points, algos, a.steps, a.warmup = QUICK["points"], QUICK["algos"], QUICK["steps"], QUICK["warmup"]
         grid = {"per_message_us": [0.0, 50.0, 100.0], "copy_GBps": [1.0, 1e6], "cold_scale": [0.0, 1.0]}
-    out = Path(a.out) if a.out else results_dir("sim_accuracy")
+    out = output_dir(a, "sim_accuracy")
     t0 = time.time()
     runs = [run_chain(p, algo, a.steps, a.warmup) for p in tqdm(points, desc="chains run for real", unit="chain") for algo in algos]
     fit, _ = fit_host_comm(runs, grid)

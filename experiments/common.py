@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -10,6 +11,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
 CONF = REPO / "conf"
+#: where a smoke run (--quick) writes unless --out says where: never the committed results/
+SCRATCH = REPO / "outputs" / "experiments_quick"
 
 
 def compose(overrides: Sequence[str] = ()) -> Any:
@@ -31,8 +34,12 @@ def zoo_models() -> list[str]:
     return out
 
 
-def results_dir(*parts: str) -> Path:
-    p = RESULTS.joinpath(*parts)
+def output_dir(args: argparse.Namespace, *parts: str) -> Path:
+    """The directory an experiment writes into (created), from its ``--out`` and ``--quick``
+    arguments: ``--out`` when given; else, for a smoke run (``--quick``), the scratch directory
+    ``outputs/experiments_quick/<parts>``; else the committed ``results/<parts>``.  A committed
+    artefact thus changes only when its full run is asked for."""
+    p = Path(args.out) if args.out else (SCRATCH if args.quick else RESULTS).joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
     return p
 

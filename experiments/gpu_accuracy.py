@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.common import REPO, compose, print_table, results_dir, style
+from experiments.common import REPO, compose, output_dir, print_table, style
 from harness.kernel_fit import GPU_DATA, error_summary, fit_all, load_table
 
 PUBLISHED = GPU_DATA / "published_throughput.csv"
@@ -301,13 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown published row {unknown[0]!r}: the ids are in {PUBLISHED.relative_to(REPO)}")
         pub = pub[pub["id"].isin(wanted)].reset_index(drop=True)
-    if a.out:
-        out = Path(a.out)
-    elif a.quick:
-        out = REPO / "outputs" / "experiments_quick" / "gpu_accuracy"
-    else:
-        out = results_dir("gpu_accuracy")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "gpu_accuracy")
     sim = run_rows(pub)
     tp = throughput_table(pub, sim)
     sc = scaling_table(tp)

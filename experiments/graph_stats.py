@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.common import compose, print_table, results_dir, style, zoo_models
+from experiments.common import compose, output_dir, print_table, style, zoo_models
 from harness.run import build
 from harness.stats import graph_stats
 
@@ -21,13 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="v100x4_pcie", help="cluster whose devices 0 and 1 define w_i and c_ij")
     ap.add_argument("--batch", type=int, default=None, help="batch size for every model (default: each model's own)")
     ap.add_argument("--granularity", default="aten", choices=["aten", "core_aten", "layer"])
-    ap.add_argument("--out", default=None, help="output dir (default results/graph_stats)")
+    ap.add_argument("--out", default=None, help="output dir (default results/graph_stats; --quick: outputs/experiments_quick/graph_stats)")
     a = ap.parse_args(argv)
     models = a.models or (["lenet5", "alexnet", "resnet50"] if a.quick else zoo_models())
     if a.quick and a.batch is None:
         a.batch = 8
-    out = Path(a.out) if a.out else results_dir("graph_stats")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "graph_stats")
     rows = []
     for m in tqdm(models, desc="capturing", unit="model"):
         ov = [f"model={m}", f"cluster={a.cluster}", f"graph.granularity={a.granularity}"]

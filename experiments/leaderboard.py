@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._grid import Job, run_jobs
-from experiments.common import CONF, compose, print_table, results_dir, style
+from experiments.common import CONF, compose, output_dir, print_table, style
 
 #: the papers' models at their batch sizes (the conf/model defaults)
 MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "resnet200", "pnasnet_mobile", "nasnet_large",
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algos", nargs="*", default=None, help="default: every conf/algo file")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per cell (default 600, quick 60)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", default=None, help="output dir (default results/leaderboard)")
+    ap.add_argument("--out", default=None, help="output dir (default results/leaderboard; --quick: outputs/experiments_quick/leaderboard)")
     ap.add_argument("--from-csv", default=None, metavar="CSV",
                     help="no runs: redraw best.csv, heatmap.png and README.md from a leaderboard.csv (--command: how it was made)")
     ap.add_argument("--command", default=None, help="with --from-csv: the command that produced the CSV, for the README")
@@ -230,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     clusters = a.clusters or (QUICK_CLUSTERS if a.quick else CLUSTERS)
     algos = a.algos or algorithms()
     timeout = a.timeout or (60.0 if a.quick else 600.0)
-    out = Path(a.out) if a.out else results_dir("leaderboard")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "leaderboard")
     _capture_all(models, clusters)
     jobs = [
         Job((("model", m.partition(":")[0]), ("cluster", c), ("algo", alg)),

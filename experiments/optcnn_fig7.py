@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._layerwise import OPTCNN_STRATEGIES, STRATEGY_LABEL, optcnn_sweep, write_readme
-from experiments.common import print_table, results_dir, style
+from experiments.common import output_dir, print_table, style
 
 #: OptCNN Sec. 6.1: speedup from 1 GPU to 16 GPUs (4 nodes), layer-wise and the best other strategy
 PAPER_SPEEDUP_16 = {"alexnet": (12.2, 6.1), "vgg16": (14.8, 10.2), "inception_v3": (15.5, 11.2)}
@@ -52,12 +52,11 @@ def sweep_from_argv(name: str, doc: str | None, argv: list[str] | None) -> tuple
     ap.add_argument("--sync", default="ps", choices=["ps", "ring"], help="t_S: parameter server (OptCNN) or ring all-reduce")
     ap.add_argument("--recompute", action="store_true", help="ignore the cached sweep (layerwise_runs.csv)")
     ap.add_argument("--quick", action="store_true", help="alexnet on 1, 2, 4 GPUs, batch 2 per GPU")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="output dir (default results/optcnn; --quick: outputs/experiments_quick/optcnn)")
     a = ap.parse_args(argv)
     if a.quick:
         a.models, a.devices, a.per_gpu_batch = ["alexnet"], [1, 2, 4], 2
-    out = Path(a.out) if a.out else results_dir("optcnn")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "optcnn")
     return optcnn_sweep(a.models, a.devices, a.per_gpu_batch, out, a.recompute, a.cluster, a.sync), out, a
 
 

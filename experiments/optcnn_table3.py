@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pandas as pd
 
 from experiments._layerwise import problem, run, write_readme
-from experiments.common import print_table, results_dir, style
+from experiments.common import output_dir, print_table, style
 
 #: OptCNN Table 3 (Jia et al. 2018): layers, DFS baseline, Algorithm 1; K = 2 for every network
 PAPER = {
@@ -31,12 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=120.0, help="DFS time budget per network (s)")
     ap.add_argument("--sync", default="ps", choices=["ps", "ring"], help="t_S: parameter server (OptCNN) or ring all-reduce")
     ap.add_argument("--quick", action="store_true", help="lenet5 and alexnet, batch 2 per GPU, 2 s DFS budget")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="output dir (default results/optcnn; --quick: outputs/experiments_quick/optcnn)")
     a = ap.parse_args(argv)
     if a.quick:
         a.models, a.per_gpu_batch, a.budget = ["lenet5", "alexnet"], 2, 2.0
-    out = Path(a.out) if a.out else results_dir("optcnn")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "optcnn")
     from algorithms.optcnn import OptCNN, OptCNNDFS
 
     rows = []

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import pandas as pd
 
 from experiments._layerwise import problem, run, write_readme
-from experiments.common import print_table, results_dir, style
+from experiments.common import output_dir, print_table, style
 
 #: OptCNN Table 5. Our reading of its OCR'd rows: the first four blocks {n=4}, the last block
 #: {n=1, h=2, w=2} (the text: "parallelism in both the height and width dimensions to
@@ -58,12 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-gpu-batch", type=int, default=32)
     ap.add_argument("--sync", default="ps", choices=["ps", "ring"], help="t_S: parameter server (OptCNN) or ring all-reduce")
     ap.add_argument("--quick", action="store_true", help="batch 2 per GPU")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="output dir (default results/optcnn; --quick: outputs/experiments_quick/optcnn)")
     a = ap.parse_args(argv)
     if a.quick:
         a.per_gpu_batch = 2
-    out = Path(a.out) if a.out else results_dir("optcnn")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "optcnn")
     from algorithms.optcnn import OptCNN
 
     pb = problem(a.model, a.cluster, batch=a.per_gpu_batch * 4, extra=[f"costs.sync={a.sync}"])

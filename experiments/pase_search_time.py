@@ -9,7 +9,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._layerwise import RNNLM_LSTM, parametric, problem, run, write_readme
-from experiments.common import print_table, results_dir, style
+from experiments.common import output_dir, print_table, style
 
 MODELS = ("alexnet", "inception_v3", "transformer", "rnnlm")
 PS = (4, 8, 16, 32, 64)
@@ -41,12 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mcmc-budget", type=float, default=60.0, help="wall-clock cap of each MCMC run (s)")
     ap.add_argument("--max-entries", type=float, default=2**28, help="PaSE's largest table before it gives up")
     ap.add_argument("--quick", action="store_true", help="alexnet and rnnlm at p = 4, 8; 2000 MCMC moves")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="output dir (default results/pase; --quick: outputs/experiments_quick/pase)")
     a = ap.parse_args(argv)
     if a.quick:
         a.models, a.ps, a.mcmc_iterations, a.mcmc_budget = ["alexnet", "rnnlm"], [4, 8], 2000, 5.0
-    out = Path(a.out) if a.out else results_dir("pase")
-    (out / "strategies").mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "pase")
+    (out / "strategies").mkdir(exist_ok=True)
     from algorithms.flexflow_mcmc import FlexFlowMCMC
     from algorithms.pase import PaSE, TableTooLarge
 

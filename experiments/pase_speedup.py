@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from experiments._layerwise import parametric, problem, run, write_readme
-from experiments.common import print_table, results_dir, style
+from experiments.common import output_dir, print_table, style
 from experiments.pase_search_time import MODELS, PS, model_overrides, strategy_path
 from harness.strategy import Strategy
 
@@ -20,12 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--ps", nargs="*", type=int, default=list(PS))
     ap.add_argument("--quick", action="store_true", help="alexnet and rnnlm at p = 4, 8")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="output dir (default results/pase; --quick: outputs/experiments_quick/pase)")
     a = ap.parse_args(argv)
     if a.quick:
         a.models, a.ps = ["alexnet", "rnnlm"], [4, 8]
-    out = Path(a.out) if a.out else results_dir("pase")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "pase")
     from algorithms.baselines import DataParallel
     from algorithms.layer_costs import evaluate
     from algorithms.pase import PaSE, TableTooLarge

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._grid import Job, run_jobs
-from experiments.common import compose, results_dir, series_style, style, zoo_models
+from experiments.common import compose, output_dir, series_style, style, zoo_models
 from experiments.leaderboard import _algo_overrides, algorithms
 
 SIZES = [300, 1000, 3000, 10000, 30000, 100000]
@@ -95,15 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algos", nargs="*", default=None)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per point (default 300, quick 30)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", default=None, help="output dir (default results/scaling)")
+    ap.add_argument("--out", default=None, help="output dir (default results/scaling; --quick: outputs/experiments_quick/scaling)")
     args = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(args)
     sizes = a.sizes or (QUICK_SIZES if a.quick else SIZES)
     zoo = a.models or (QUICK_ZOO if a.quick else zoo_models())
     algos = a.algos or algorithms()
     timeout = a.timeout or (30.0 if a.quick else 300.0)
-    out = Path(a.out) if a.out else results_dir("scaling")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(a, "scaling")
     base = [f"cluster={CLUSTER}", "output.trace=false", "output.gantt=false"]
     rows: list[dict[str, Any]] = []
 

@@ -68,7 +68,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.common import CONF, compose, print_table, results_dir, style
+from experiments.common import CONF, compose, output_dir, print_table, style
 
 #: small models whose step takes 10-100 ms on one core: name -> overrides of python -m harness
 MODELS: dict[str, list[str]] = {
@@ -530,13 +530,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-mode", default="in_situ", choices=["isolated", "in_situ"],
                     help="in_situ (default): every op inside whole steps; isolated: each distinct op alone (harness.profile's default)")
     ap.add_argument("--no-interleave", action="store_true", help="do not profile during the real runs (sim.interleave_profile=false)")
-    ap.add_argument("--out", default=None, help="output dir (default results/sim_accuracy)")
+    ap.add_argument("--out", default=None,
+                    help="output dir (default results/sim_accuracy; --quick: outputs/experiments_quick/sim_accuracy)")
     ap.add_argument("--quick", action="store_true", help="lenet5 (batch 16), round robin, 3 steps: checks the pipeline, not the accuracy")
     ap.add_argument("--summarize-only", action="store_true",
                     help=f"measure nothing: recompute the per-model rank summary from <out>/sim_accuracy.csv into <out>/{RANKS_CSV} "
                          "and its section of <out>/README.md (writes nothing else, nowhere else)")
     a = ap.parse_args(argv)
-    out = Path(a.out) if a.out else results_dir("sim_accuracy")
+    out = output_dir(a, "sim_accuracy")
     if a.summarize_only:
         other = [f"--{k.replace('_', '-')}" for k, v in vars(a).items() if k not in ("summarize_only", "out") and v != ap.get_default(k)]
         if other:

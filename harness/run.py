@@ -7,7 +7,9 @@ A pure function of the composed config: it writes nothing.  The Hydra shell
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 import platform
 import subprocess
 import time
@@ -85,16 +87,66 @@ def build(cfg: Any) -> tuple[Any, Cluster, Any, Any, Any]:
     return source, cluster, costs, algo, sim
 
 
-#: config blocks that change only what is written, not the result
-NON_RESULT_KEYS = ("output", "resume")
+#: config blocks that change only what is written or shown, not the result
+NON_RESULT_KEYS = ("output", "resume", "debug")
+
+#: the cost model that reads the Parquet profiles under a profile root (``costs=profiled``)
+PROFILED_COSTS = "harness.profiled.ProfiledCostModel"
+
+
+def input_files(plain: dict[str, Any]) -> dict[str, Path]:
+    """The files a job reads that its (resolved, plain) config names, by how it names them:
+    every string value that is the path of an existing file (model=from_file's graph, a
+    calibration table, a profile file), and under ``costs=profiled`` every Parquet profile below
+    its profile directories (``costs.profile_dir``, by default results/profiles, and the
+    ``costs.profiles`` entries), as ``<key>:<path below it>`` - not where the checkout is."""
+    found: dict[str, Path] = {}
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, str) and x:
+            try:
+                if Path(x).is_file():
+                    found[x] = Path(x)
+            except OSError:  # not a path (too long, ...)
+                pass
+
+    walk(plain)
+    costs = plain.get("costs") or {}
+    if costs.get("_target_") == PROFILED_COSTS:
+        from harness.profile import PROFILE_ROOT
+
+        roots = {"costs.profile_dir": Path(costs.get("profile_dir") or PROFILE_ROOT),
+                 **{f"costs.profiles.{k}": Path(v) for k, v in (costs.get("profiles") or {}).items()}}
+        for key, root in roots.items():
+            if root.is_dir():
+                found.update((f"{key}:{f.relative_to(root)}", f) for f in root.rglob("*.parquet"))
+    return dict(sorted(found.items()))
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's content."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def config_hash(cfg: Any) -> str:
-    """A digest of everything in the composed config that can change a job's result
-    (the key re-running a sweep uses to skip finished jobs)."""
-    import hashlib
-
+    """A digest of everything that can change a job's result: the composed config but
+    :data:`NON_RESULT_KEYS`, and the content of every input file it names (:func:`input_files`),
+    so that an edited graph or profile is run again; the key re-running a sweep uses to skip
+    finished jobs.  A config that names no input file hashes as it did before input files counted."""
     plain = {k: v for k, v in (_to_plain(cfg) or {}).items() if k not in NON_RESULT_KEYS}
+    files = input_files(plain)
+    if files:
+        plain["__input_files__"] = {name: file_digest(f) for name, f in files.items()}
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -198,17 +250,29 @@ def format_summary(row: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in lines)
 
 
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """``path`` holds either what it held before or all of ``obj`` as JSON, never a part: the
+    JSON goes into a temporary file beside it, which is then renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=1))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_outputs(result: Result, outdir: Path, cfg: Any) -> None:
-    """result.json, trace.json and gantt.png into ``outdir`` (strategy.json is written by the shell's on_plan)."""
+    """trace.json, gantt.png (and a real run's measured trace) into ``outdir``, then result.json,
+    last and atomically: a result.json exists only for a job whose outputs were all written, and
+    one that fails here leaves none (strategy.json is written by the shell's on_plan)."""
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "result.json").write_text(json.dumps(result.row, indent=1))
     out = cfg.get("output", {})
+    r = result.row
     if out.get("trace", True):
         result.sim.write_trace(outdir / "trace.json", max_tasks=out.get("trace_max_tasks"))
     if out.get("gantt", True):
         from simulators.gantt import plot_gantt
 
-        r = result.row
         plot_gantt(result.sim, outdir / "gantt.png",
                    title=f"{r['model']} / {r['algo']} / {r['cluster']}: step {format_seconds(r['step_time_s'])}")
     tl = getattr(result.sim, "measured_timeline", None)
@@ -217,9 +281,9 @@ def write_outputs(result: Result, outdir: Path, cfg: Any) -> None:
         if out.get("gantt", True):
             from simulators.gantt import plot_measured_gantt
 
-            r = result.row
             plot_measured_gantt(result.sim, outdir / "gantt_measured.png",
                                 title=f"{r['model']} / {r['algo']} / {r['cluster']}: simulated {format_seconds(r['step_time_s'])}")
+    write_json_atomic(outdir / "result.json", r)
 
 
 def write_measured_trace(tl: dict[str, Any], path: Path) -> None:
