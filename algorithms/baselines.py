@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from algorithms.base import Algorithm, follow_colocation
-from harness.cluster import Cluster
+from harness.cluster import Cluster, integer, positive_int
 from harness.costs import CostModel
 from harness.graph import OpGraph
-from harness.strategy import ParallelConfig, Plan, Strategy
+from harness.strategy import ParallelConfig, Plan, Strategy, StrategyError
 
 
 class SingleDevice(Algorithm):
@@ -25,7 +25,9 @@ class SingleDevice(Algorithm):
 
     def __init__(self, name: str = "single_device", device: int = 0, **kw: Any) -> None:
         super().__init__(name, device=device, **kw)
-        self.device = int(device)
+        self.device = integer(device, "algo.device", StrategyError)
+        if self.device < 0:
+            raise StrategyError(f"algo.device must be a device id >= 0, got {self.device}")
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         return Plan(graph, Strategy.placement(np.full(graph.num_nodes, self.device)))
@@ -42,11 +44,13 @@ class DataParallel(Algorithm):
         if graph not in ("op", "layer"):
             raise ValueError(f"data_parallel: graph must be 'op' or 'layer', got {graph!r}")
         super().__init__(name, devices=devices, graph=graph, **kw)
-        self.devices = devices
+        self.devices = None if devices is None else positive_int(devices, "algo.devices", StrategyError)
         self.graph_kind = graph
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
-        k = cluster.num_devices if self.devices is None else int(self.devices)
+        k = cluster.num_devices if self.devices is None else self.devices
+        if k > cluster.num_devices:
+            raise StrategyError(f"algo.devices={k} is more than the {cluster.num_devices} devices of cluster {cluster.name!r}")
         cfg = ParallelConfig.make({"sample": k}, range(k))
         strategy = Strategy.uniform_config(graph.num_nodes, cfg)
         if self.graph_kind == "op":

@@ -613,6 +613,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import torch
 
+    from harness.profile import ProfileError, thread_count
+
+    try:
+        thread_count(a.threads, "--threads")
+    except ProfileError as e:
+        ap.error(str(e))
+
     if a.drift is not None:
         d = drift(a.drift, threads=a.threads, spin=not a.no_spin)
         w = d["windows_s"]

@@ -435,12 +435,12 @@ def _nvlink_mesh_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping
 _TOPOLOGIES = {"mesh": _mesh_routes, "switch": _switch_routes, "pcie_tree": _pcie_tree_routes, "nvlink_mesh": _nvlink_mesh_routes}
 
 
-def _intra_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str = "intra") -> Routes:
+def _intra_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str = "cluster.intra") -> Routes:
     """Routes among the GPUs of one host, by ``spec["topology"]`` (``key``, the spec's path in
-    the cluster config such as ``intra`` or ``intra.fallback``, names it in errors)."""
+    the config such as ``cluster.intra`` or ``cluster.intra.fallback``, names it in errors)."""
     topo = str(spec.get("topology", "switch"))
     if topo not in _TOPOLOGIES:
-        raise ClusterError(f"unknown intra-node topology {topo!r}: use {', '.join(_TOPOLOGIES)}")
+        raise ClusterError(f"{key}.topology={topo!r} is not a topology: use {', '.join(_TOPOLOGIES)}")
     return _TOPOLOGIES[topo](b, prefix, gpus, spec, key)
 
 
@@ -490,7 +490,7 @@ def build_cluster(
         icls = str(inter.get("cls", "ib"))
         nics = integer(inter.get("nics_per_node", 1), "cluster.inter.nics_per_node")
         if not 1 <= nics <= gpus:
-            raise ClusterError(f"inter.nics_per_node: {nics} must be between 1 and gpus ({gpus})")
+            raise ClusterError(f"cluster.inter.nics_per_node: {nics} must be between 1 and gpus ({gpus})")
         nic_of = [(dev.id % gpus) * nics // gpus for dev in devices]
         nic = [f"nic{m}" if nics > 1 else "nic" for m in range(nics)]
         hl = dict(host_link or {"cls": "pcie", "bw_GBps": 16.0, "lat_us": 1.0})

@@ -216,6 +216,8 @@ class Job:
     verbose: Any
     env: dict[str, str]
     cwd: str
+    #: where the jobs of a sweep share their reference steps (harness.worth); None for a single run
+    reference_cache: Path | None = None
 
     def execute(self) -> int:
         """Run the job in this process: 0 with result.json written, 1 with error.json."""
@@ -226,7 +228,8 @@ class Job:
             os.chdir(self.cwd)
             if self.log_config is not None:
                 configure_log(self.log_config, self.verbose)
-            result = run(cfg, on_plan=lambda plan: plan.strategy.save(outdir / "strategy.json"))
+            result = run(cfg, on_plan=lambda plan: plan.strategy.save(outdir / "strategy.json"),
+                         reference_cache=self.reference_cache)
             write_outputs(result, outdir, cfg)
         except BaseException as e:  # noqa: BLE001 - sys.exit and Ctrl-C too: the job ends here, the runner goes on
             write_json_atomic(outdir / "error.json", error_record(e, self.overrides, self.digest))
@@ -336,7 +339,8 @@ def run_job(cfg: DictConfig) -> JobOutcome:
             (outdir / stale).unlink(missing_ok=True)
         _write_hydra_record(outdir, cfg)
         logging_cfg = None if hc.job_logging is None else OmegaConf.create(OmegaConf.to_container(hc.job_logging, resolve=True))
-        code = RUNNER.run(Job(_resolved(cfg), outdir, overrides, digest, logging_cfg, hc.verbose, dict(os.environ), os.getcwd()))
+        refs = Path(hc.sweep.dir) / ".references" if sweeping else None
+        code = RUNNER.run(Job(_resolved(cfg), outdir, overrides, digest, logging_cfg, hc.verbose, dict(os.environ), os.getcwd(), refs))
     except Exception as e:  # noqa: BLE001 - e.g. a config that does not resolve: this job fails, not the sweep
         record = error_record(e, overrides, digest)
         write_json_atomic(outdir / "error.json", record)

@@ -94,6 +94,18 @@ def profile_dir_for(kind: str, root: str | Path | None = None) -> Path:
     return Path(root or PROFILE_ROOT) / slug(kind)
 
 
+def thread_count(value: Any, key: str) -> int:
+    """``value`` as a thread count: an integer from 1 to the cores this process may use
+    (:class:`ProfileError` naming ``key`` otherwise)."""
+    from harness.cluster import positive_int
+
+    n = positive_int(value, key, ProfileError)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if n > cores:
+        raise ProfileError(f"{key}={n} is more than the {cores} core(s) this process may use: give at most {cores}")
+    return n
+
+
 def rank_cores(world: int, threads: int) -> tuple[list[list[int]], bool]:
     """The cores of each of ``world`` ranks of ``threads`` cores, in turn from this process's
     allowed cores (wrapping), and whether they had to share some (more cores wanted than allowed)."""
@@ -586,7 +598,7 @@ def _hydra_main() -> None:
         g = OmegaConf.to_container(cfg.graph, resolve=True) or {}
         files = profile_model(
             source, device=str(cfg.device), batch_sizes=list(cfg.batch_sizes) if cfg.batch_sizes else None,
-            threads=int(cfg.threads), warmup=int(cfg.warmup), reps=int(cfg.reps), max_op_s=float(cfg.max_op_s),
+            threads=thread_count(cfg.threads, "threads"), warmup=int(cfg.warmup), reps=int(cfg.reps), max_op_s=float(cfg.max_op_s),
             granularity=str(g.get("granularity", "aten")), optimizer=str(g.get("optimizer", "sgd")),
             batch_probe=bool(g.get("batch_probe", True)), seed=int(cfg.seed), out_dir=cfg.out_dir, name=cfg.device_name,
             pin=bool(cfg.pin), progress=bool(cfg.progress), mode=str(cfg.mode), spin_idle=bool(cfg.get("spin_idle", True)),

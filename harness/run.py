@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from harness.cluster import Cluster
+from harness.errors import UserError
 from harness.strategy import Plan
 
 #: figures an algorithm may report in ``Plan.info`` that result.json carries at top level
@@ -150,15 +151,20 @@ def config_hash(cfg: Any) -> str:
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
+def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None, reference_cache: Path | None = None) -> Result:
     """Run one job.  ``on_plan`` (optional) receives the plan as soon as it exists, so a
-    caller can save it even if the simulation then fails."""
+    caller can save it even if the simulation then fails.  Unless ``output.worth`` is false
+    the row also says what the plan is worth (:mod:`harness.worth`); ``reference_cache`` is a
+    directory the jobs of one sweep share for its reference steps."""
     source, cluster, costs, algo, sim = build(cfg)
     gcfg = _to_plain(cfg.get("graph", {})) or {}
     kind = getattr(algo, "graph_kind", "op")
     if getattr(sim, "needs_fx", False):  # a backend that executes the graph (sim=realrun) needs its fx module
         gcfg = {**gcfg, "keep_fx": True}
         sim.bind(source, seed=int(cfg.seed), graph_cfg=gcfg)
+    if kind == "layer" and not hasattr(source, "layer_graph"):
+        raise UserError(f"algo={algo.name} plans on a layer graph, and model {source.name!r} ({type(source).__name__}) gives "
+                        "only an operator graph: use a PyTorch model (a zoo model or model=custom)")
     t0 = time.perf_counter()
     graph = source.op_graph(**gcfg) if kind == "op" else source.layer_graph(precision=str(gcfg.get("precision", "fp32")))
     capture_s = time.perf_counter() - t0
@@ -190,12 +196,27 @@ def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None) -> Result:
         "algo_info": _jsonable(plan.info),
         **{k: _jsonable(plan.info[k]) for k in LIFTED_INFO_KEYS if k in plan.info},
         **({"costs_report": _jsonable(costs.report())} if hasattr(costs, "report") else {}),
+        **_worth(cfg, graph, cluster, costs, kind, res.step_time_s, plan.info, reference_cache),
         "seed": int(cfg.seed),
         "config_hash": config_hash(cfg),
         "versions": versions(),
         "git_sha": git_sha(),
     }
     return Result(row=row, plan=plan, sim=res, cluster=cluster)
+
+
+def _worth(cfg: Any, graph: Any, cluster: Cluster, costs: Any, kind: str, step_s: float, info: dict[str, Any],
+           cache: Path | None) -> dict[str, Any]:
+    """The plan's speed-ups over one device and data parallelism and its estimate's gap."""
+    from harness.worth import reference_key, reference_steps, simulate_references, worth
+
+    if not (cfg.get("output") or {}).get("worth", True):
+        return {}
+    graph_cfg = {k: v for k, v in (_to_plain(cfg.get("graph", {})) or {}).items() if k != "keep_fx"}
+    key = reference_key({"model": _to_plain(cfg.model), "graph": graph_cfg, "cluster": _to_plain(cfg.cluster),
+                         "costs": _to_plain(cfg.costs), "graph_kind": kind})
+    refs = reference_steps(key, lambda: simulate_references(graph, cluster, costs, kind), cache)
+    return worth(step_s, refs, info)
 
 
 def _jsonable(x: Any) -> Any:
@@ -240,6 +261,7 @@ def format_summary(row: dict[str, Any]) -> str:
         *([("measured step", f"{format_seconds(row['measured_step_time_s'])} (real run, mean of {row.get('measured_steps')} steps)")]
           if row.get("measured_step_time_s") is not None else []),
         ("lower bound", f"{format_seconds(row['lower_bound_s'])} (gap {100 * row.get('gap_to_bound', 0.0):.1f}%)"),
+        *_worth_lines(row),
         ("OOM", oom),
         ("bytes moved", format_bytes(row["comm_bytes"]) + (
             " (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in row.get("bytes_by_class", {}).items() if v) + ")"
@@ -248,6 +270,21 @@ def format_summary(row: dict[str, Any]) -> str:
     ]
     w = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in lines)
+
+
+def _worth_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """Summary lines of :mod:`harness.worth`'s keys (none when the job did not compute them)."""
+    out: list[tuple[str, str]] = []
+    single = row.get("speedup_vs_single_device")
+    if single is not None:
+        flag = "  <- SLOWER THAN ONE DEVICE" if row.get("slower_than_single_device") else ""
+        out.append(("vs one device", f"{single:.2f}x ({format_seconds(row['single_device_step_s'])} on one device){flag}"))
+    dp = row.get("speedup_vs_data_parallel")
+    if dp is not None:
+        out.append(("vs data parallel", f"{dp:.2f}x ({format_seconds(row['data_parallel_step_s'])} data-parallel)"))
+    if row.get("estimate_gap") is not None:
+        out.append(("own estimate", f"{format_seconds(row['objective_s'])} ({100 * row['estimate_gap']:+.1f}% vs simulated)"))
+    return out
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

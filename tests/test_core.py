@@ -115,7 +115,7 @@ def test_parametric_cluster():
 
 
 def test_cluster_errors():
-    with pytest.raises(ClusterError, match="unknown intra-node topology 'ring'"):
+    with pytest.raises(ClusterError, match="cluster.intra.topology='ring' is not a topology"):
         build_cluster("x", DEVICE, gpus=2, intra={"topology": "ring", "bw_GBps": 1})
     with pytest.raises(ClusterError, match="no inter-node link"):
         build_cluster("x", DEVICE, gpus=2, nodes=2)

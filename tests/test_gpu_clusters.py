@@ -172,7 +172,7 @@ def test_nics_shared_by_gpus():
 def test_nics_per_node_errors():
     inter = {"bw_gbps": 100}
     for k in (0, 5):
-        with pytest.raises(ClusterError, match=r"^inter\.nics_per_node: .*$"):
+        with pytest.raises(ClusterError, match=r"^cluster\.inter\.nics_per_node: .*$"):
             build_cluster("x", DEVICE, gpus=4, nodes=2, inter={**inter, "nics_per_node": k})
 
 
@@ -220,17 +220,17 @@ def mesh(pairs, **extra):
 
 
 @pytest.mark.parametrize("intra,match", [
-    (mesh([[0, 4, 1]]), r"^intra\.pairs entry \[0, 4, 1\] must name two different GPUs among 0\.\.3$"),
-    (mesh([[1, 1, 1]]), r"^intra\.pairs entry \[1, 1, 1\]"),
-    (mesh([[0, 1, 1], [1, 0, 2]]), r"^intra\.pairs lists GPUs 0 and 1 twice$"),
-    (mesh([[0, 1, 0]]), r"^intra\.pairs entry \[0, 1, 0\]: nlinks must be >= 1$"),
-    (mesh([[0, 1]]), r"^intra\.pairs entry \[0, 1\] is not \[i, j, nlinks\]$"),
-    (mesh(None), r"^intra\.pairs must be a list"),
-    ({**mesh([[0, 1, 1]]), "fallback": None}, r"^intra\.fallback is missing: GPUs 0 and 2 have no NVLink"),
-    ({**mesh([[0, 1, 1]]), "link_GBps": None}, r"^intra\.link_GBps is missing"),
-    (mesh([[0, 1, 1]], fallback={**FALLBACK, "sockets": 3}), r"^intra\.fallback\.sockets: 3 socket\(s\) cannot share the 4 PCIe switch\(es\) evenly$"),
-    ({**FALLBACK, "gpus_per_switch": 2, "sockets": 2}, r"^intra\.qpi is missing"),
-    ({**FALLBACK, "gpus_per_switch": 2, "sockets": 0}, r"^intra\.sockets: 0 socket"),
+    (mesh([[0, 4, 1]]), r"^cluster\.intra\.pairs entry \[0, 4, 1\] must name two different GPUs among 0\.\.3$"),
+    (mesh([[1, 1, 1]]), r"^cluster\.intra\.pairs entry \[1, 1, 1\]"),
+    (mesh([[0, 1, 1], [1, 0, 2]]), r"^cluster\.intra\.pairs lists GPUs 0 and 1 twice$"),
+    (mesh([[0, 1, 0]]), r"^cluster\.intra\.pairs entry \[0, 1, 0\]: nlinks must be >= 1$"),
+    (mesh([[0, 1]]), r"^cluster\.intra\.pairs entry \[0, 1\] is not \[i, j, nlinks\]$"),
+    (mesh(None), r"^cluster\.intra\.pairs must be a list"),
+    ({**mesh([[0, 1, 1]]), "fallback": None}, r"^cluster\.intra\.fallback is missing: GPUs 0 and 2 have no NVLink"),
+    ({**mesh([[0, 1, 1]]), "link_GBps": None}, r"^cluster\.intra\.link_GBps is missing"),
+    (mesh([[0, 1, 1]], fallback={**FALLBACK, "sockets": 3}), r"^cluster\.intra\.fallback\.sockets: 3 socket\(s\) cannot share the 4 PCIe switch\(es\) evenly$"),
+    ({**FALLBACK, "gpus_per_switch": 2, "sockets": 2}, r"^cluster\.intra\.qpi is missing"),
+    ({**FALLBACK, "gpus_per_switch": 2, "sockets": 0}, r"^cluster\.intra\.sockets: 0 socket"),
 ])
 def test_bad_specs(intra, match):
     with pytest.raises(ClusterError, match=match) as e:

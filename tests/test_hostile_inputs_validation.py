@@ -473,3 +473,46 @@ def test_the_command_line_refuses_and_writes_no_result(tmp_path: Path, overrides
     wanted = [f.format(cut=cut) for f in fragments]
     assert any(all(f in line for f in wanted) for line in r.stderr.splitlines()), r.stderr[-2000:]  # on one line
     assert not (out / "result.json").exists()
+
+
+# ---------------------------------------------------------------------------- algorithms, sources, threads
+@pytest.mark.parametrize("over,needle", [
+    (["algo=single_device", "algo.device=1.7"], "algo.device"),
+    (["algo=single_device", "algo.device=-1"], "algo.device must be a device id >= 0"),
+    (["algo=data_parallel", "algo.devices=0"], "algo.devices"),
+])
+def test_baseline_device_parameters_are_checked(over, needle):
+    from harness.errors import UserError
+
+    with pytest.raises(Exception) as e:
+        build(compose(["model=lenet5", "cluster=p100x4", *over]))
+    err = e.value if isinstance(e.value, UserError) else e.value.__cause__
+    assert isinstance(err, UserError) and needle in str(err) and "\n" not in str(err)
+
+
+def test_data_parallel_over_more_devices_than_the_cluster_has():
+    from harness.run import run
+    from harness.strategy import StrategyError
+
+    with pytest.raises(StrategyError, match="algo.devices=8 is more than the 4 devices"):
+        run(compose(["model=lenet5", "cluster=p100x4", "algo=data_parallel", "algo.devices=8"]))
+
+
+def test_a_layer_graph_algorithm_on_a_graph_file_is_one_line(tmp_path):
+    from harness.errors import UserError
+    from harness.models import SyntheticGraph
+    from harness.run import run
+
+    p = tmp_path / "g.json"
+    SyntheticGraph(nodes=20, seed=1).op_graph().save(p)
+    with pytest.raises(UserError, match=r"algo=optcnn plans on a layer graph, and model 'g' \(GraphFile\) gives only an operator graph"):
+        run(compose(["model=from_file", f"model.path={p}", "algo=optcnn", "cluster=p100x4"]))
+
+
+@pytest.mark.parametrize("threads", [0, 10_000])
+def test_thread_counts_are_checked(threads):
+    from harness.profile import ProfileError, thread_count
+
+    with pytest.raises(ProfileError, match=r"^threads"):
+        thread_count(threads, "threads")
+    assert thread_count(1, "threads") == 1
