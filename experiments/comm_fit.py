@@ -89,7 +89,7 @@ def run_chain(point: tuple[int, int, int], algo: str, steps: int, warmup: int) -
     from harness.run import run
 
     cfg = compose([*chain_overrides(*point), f"algo={algo}", "cluster=cpu2", "costs=analytical", "sim=realrun", "sim.interleave_profile=true",
-                   f"sim.steps={steps}", f"sim.warmup={warmup}", "output.gantt=false", "output.trace=false"])
+                   f"sim.steps={steps}", f"sim.warmup={warmup}", "output.gantt=false", "output.trace=false", "output.worth=false"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = run(cfg)

@@ -75,7 +75,7 @@ def simulate_row(row: pd.Series, costs: str) -> dict[str, Any]:
     algo = ["algo=single_device"] if gpus == 1 else ["algo=data_parallel", f"algo.devices={gpus}"]
     cfg = compose(shlex.split(str(row["workload_overrides"])) + [
         f"cluster={TESTBED[row['device']]}", f"costs={costs}", f"precision={_precision(row['precision'])}",
-        "output.gantt=false", "output.trace=false"] + algo)
+        "output.gantt=false", "output.trace=false", "output.worth=false"] + algo)
     t0 = time.perf_counter()
     res = run(cfg)
     step = float(res.row["step_time_s"])

@@ -169,7 +169,8 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
     from simulators.simulate import simulate
 
     cfg = compose([*overrides, f"algo={algo}", "cluster=cpu2", "costs=profiled", f"costs.profile_dir={profile_root}", "sim=realrun",
-                   f"sim.interleave_profile={str(interleave).lower()}", f"sim.steps={steps}", f"sim.warmup={warmup}", "output.gantt=false", "output.trace=false"])
+                   f"sim.interleave_profile={str(interleave).lower()}", f"sim.steps={steps}", f"sim.warmup={warmup}", "output.gantt=false",
+                   "output.trace=false", "output.worth=false"])
     row: dict[str, Any] = {"model": model, "algo": algo}
     try:
         with warnings.catch_warnings():
