@@ -105,23 +105,52 @@ harness.calibrate --drift``: tens of percent on a shared VM); one interleaved wi
 steps sees the same one, so the comparison isolates the simulator's model of the step -
 overlap, order, communication - from the drift.  Not for channel-parallel runs, whose layers
 execute other ops than the captured graph's.
+
+How a run ends
+--------------
+Every rank writes what it is doing - loading its job, at the rendezvous, building its state,
+at a step's barrier, running its ops, waiting for a message from rank q or for a collective -
+on a *progress board*, a small file of the launch that every local rank maps into memory
+(:class:`Progress`: a few memory stores per barrier and per wait, none per op), and the
+launcher reads it twice a second.  When the board has not changed for ``rank_timeout_s``
+(default 2 minutes) the run has stalled: the launcher ends every rank and raises a one-line
+:class:`RealRunError` naming the ranks that stopped it - the least advanced ones and, of
+those, the ones not waiting for the others (a rank stuck in an op, not its peers waiting for
+it) - and what each rank was doing (:func:`stall_message`).  ``timeout_s``, torch.distributed's
+own timeout of an operation, must exceed it: it is the guard of a job run by hand under
+torchrun, which no launcher of ours watches.  A rank that fails ends the run at once with its
+traceback.  However a launch ends - results, a failed or stalled rank, Ctrl-C
+(``KeyboardInterrupt``) or SIGTERM (``SystemExit``, where SIGTERM had its default action) -
+every rank still running is killed with its process group (a spawned rank leads its own,
+which holds its idle spinners; torchrun's agent ends its workers) before the launcher returns
+or raises, and the kernel kills a rank whose launcher died without a word
+(``PR_SET_PDEATHSIG``).  An interruption is re-raised with a :class:`RealRunError` as its
+cause that says what was ended, the one line ``python -m harness`` reports.  A job directory
+the launcher made for itself (``job_dir: null``) is removed at the end; one the user named
+(``sim.job_dir``, ``launcher: prepare``) stays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import mmap
 import os
 import pickle
+import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -140,6 +169,22 @@ from simulators.taskgraph import _param_home_nodes
 #: for a message (tag) or an all-reduce (id = node), the step's last wait for its sends
 TRACE_OP, TRACE_SEND, TRACE_RECV, TRACE_ALLREDUCE, TRACE_DRAIN = range(5)
 TRACE_KINDS = ("op", "send", "recv_wait", "allreduce_wait", "drain")
+
+#: What a rank is doing, as it writes it on the progress board (:class:`Progress`): not yet
+#: heard from, loading its job, at the rendezvous, building its state and program, at the barrier
+#: before a step, running its ops, waiting for a message / a collective / its sends, at the barrier
+#: of the in-situ profile or running it, at the barrier after its last step, done
+(P_START, P_LOAD, P_RENDEZVOUS, P_SETUP, P_BARRIER, P_STEP, P_RECV, P_COLLECTIVE, P_DRAIN, P_PROFILE_WAIT, P_PROFILE, P_FINAL,
+ P_DONE) = range(13)
+#: the phases in which a rank waits for the others
+WAITING = frozenset({P_RENDEZVOUS, P_BARRIER, P_RECV, P_COLLECTIVE, P_DRAIN, P_PROFILE_WAIT, P_FINAL})
+#: a rank's row on the board, int64: phase, job (its index in the launch), step, detail (P_RECV:
+#: the sender's rank << 32 | the tag; P_COLLECTIVE: the all-reduced node, -1 for another collective)
+BOARD_SLOTS = 4
+#: how often the launcher looks at its ranks and their board (seconds)
+POLL_S = 0.5
+#: a device kind that names a CPU: :func:`harness.profile.device_name`'s "<model> (N thread(s))"
+_CPU_KIND = re.compile(r"\(\d+ threads?\)$")
 
 
 class RealRunError(UserError, RuntimeError):
@@ -181,6 +226,8 @@ class Job:
     full_batch: int = 0
     collect: bool = False
     timeout_s: float = 600.0
+    #: the launcher ends a run in which no rank made progress for this long (see the module docstring)
+    rank_timeout_s: float = 120.0
     #: channel_parallel: parameter placeholder -> rows of it each rank keeps (its slice of output features)
     param_rows: dict[int, int] = field(default_factory=dict)
     #: channel_parallel: outputs (``grad<j>``, ``new<j>``) that are slices, concatenated over the ranks along dim 0
@@ -912,6 +959,8 @@ class RealRun:
         steady_malloc: bool = True,
         interleave_profile: bool = False,
         trace: bool = False,
+        rank_timeout_s: float = 120.0,
+        force: bool = False,
         **params: Any,
     ) -> None:
         if launcher not in ("spawn", "torchrun", "prepare"):
@@ -927,6 +976,12 @@ class RealRun:
         self.threads = int(threads_per_rank)
         self.order = order
         self.timeout_s = float(timeout_s)
+        self.rank_timeout_s = float(rank_timeout_s)
+        if not 0 < self.rank_timeout_s < self.timeout_s:
+            raise RealRunError(f"sim.rank_timeout_s must be > 0 and below sim.timeout_s ({timeout_s}), torch.distributed's own timeout, "
+                               f"or a rank waiting for a stalled one fails first and the stalled one goes unnamed; got {rank_timeout_s} "
+                               "(raise sim.timeout_s with it)")
+        self.force = bool(force)
         self.job_dir = job_dir
         self.spin_idle = bool(spin_idle)
         self.early_recv = bool(early_recv)
@@ -1092,7 +1147,7 @@ class RealRun:
         backend = self._backend()
         cores, _ = rank_cores(world, self.threads)
         return Job(world, mode, backend, device, self.threads, self.warmup, self.steps, self.seed, self.source, eg, progs, cores,
-                   dp, full_batch, collect, self.timeout_s, spin_idle=self.spin_idle and device == "cpu",
+                   dp, full_batch, collect, self.timeout_s, self.rank_timeout_s, spin_idle=self.spin_idle and device == "cpu",
                    steady_malloc=self.steady_malloc and device == "cpu",
                    # a channel-parallel layer's ops are not the captured graph's: no profile of them to interleave
                    interleave_profile=self.interleave_profile and mode != "channel_parallel", trace=self.trace)
@@ -1103,8 +1158,31 @@ class RealRun:
         job = self.prepare(graph, strategy, num_devices, collect)
         return launch(job, self.launcher, self.job_dir)
 
+    def check_devices(self, job: Job, cluster: Cluster) -> None:
+        """Refuse to run a GPU cluster's plan here unless each rank that has work gets a GPU of
+        its own (rank r runs on GPU r mod the GPUs there are): on CPU ranks or shared GPUs the
+        measured step says nothing about the cluster the step was simulated on (``sim.force``
+        runs it anyway).  A cluster whose devices are CPUs (``cpu2``: its device kind is a CPU's
+        profile name) runs on this machine's cores, as meant."""
+        kinds = sorted({d.spec.kind for d in cluster.devices if not _CPU_KIND.search(d.spec.kind)})
+        if self.force or not kinds:
+            return
+        import torch
+
+        used = [p.rank for p in job.programs if p.nodes]
+        gpus = torch.cuda.device_count() if job.device == "cuda" else 0
+        if not used or max(used) < gpus:
+            return
+        here = (f"its {len(used)} busy ranks would share this machine's {gpus} GPU(s)" if gpus else
+                f"this machine has no GPU (sim.device={self.device}): its {len(used)} busy ranks would run on CPU cores")
+        raise RealRunError(f"cluster {cluster.name!r} is {cluster.num_devices} x {'/'.join(kinds)} but {here}, and the measured step "
+                           f"would say nothing about that cluster; run on a machine with {max(used) + 1} such GPUs, use cluster=cpu2 to "
+                           "measure this machine's CPU, or set sim.force=true to run it anyway")
+
     def __call__(self, graph: Any, strategy: Strategy, cluster: Cluster, costs: CostModel) -> SimResult:
         job = self.prepare(graph, strategy, cluster.num_devices)  # refuse before spending time
+        if self.launcher != "prepare":  # a prepared job runs on other hosts
+            self.check_devices(job, cluster)
         res = simulate(graph, strategy, cluster, costs, self.order)
         if self.launcher == "prepare":
             d = write_job(job, self.job_dir)
@@ -1245,6 +1323,122 @@ def reference_outputs(source: Any, seed: int = 0, shards: int = 1, granularity: 
     }
 
 
+# ---------------------------------------------------------------------------- progress board
+class Progress:
+    """One rank's row of the progress board: a file of ``world`` x :data:`BOARD_SLOTS` int64
+    that every rank of a local launch maps into memory and the launcher reads (:class:`_Watchdog`).
+    ``row`` is written where the rank's phase changes (:data:`P_START`...), a memory store each;
+    without a board (a job run by hand under torchrun) it is the rank's own memory."""
+
+    def __init__(self, board: str | None, rank: int) -> None:
+        if board:
+            with open(board, "r+b") as fh:
+                buf: Any = mmap.mmap(fh.fileno(), 0)
+        else:
+            buf = bytearray(8 * BOARD_SLOTS * (rank + 1))
+        self.row = memoryview(buf).cast("q")[rank * BOARD_SLOTS:(rank + 1) * BOARD_SLOTS]
+
+    def set(self, phase: int, job: int | None = None, step: int | None = None) -> None:
+        """Enter ``phase`` (of ``job``, at ``step``, where given)."""
+        if job is not None:
+            self.row[1] = job
+        if step is not None:
+            self.row[2] = step
+        self.row[0] = phase
+
+
+def _advance(row: Sequence[int]) -> tuple[int, int]:
+    """How far a rank got, as a sortable key: phases before the first job, then per job its
+    set-up, each step's barrier, the step itself (running or waiting inside it), the in-situ
+    profile after it, and the barrier after the last step."""
+    phase, job, step = (int(x) for x in row[:3])
+    if phase <= P_RENDEZVOUS:
+        return -1, phase
+    if phase == P_DONE:
+        return 1 << 40, 0
+    if phase == P_SETUP:
+        return job, -1
+    if phase == P_FINAL:
+        return job, 1 << 40
+    return job, 3 * step + (0 if phase == P_BARRIER else 2 if phase in (P_PROFILE_WAIT, P_PROFILE) else 1)
+
+
+def _doing(row: Sequence[int], jobs: Sequence[Job]) -> str:
+    """What a rank was doing, from its row on the board."""
+    phase, k, s, detail = (int(x) for x in row)
+    job = jobs[min(max(k, 0), len(jobs) - 1)]
+    of = f" of job {k}" if len(jobs) > 1 else ""
+    at = f"step {s}{' (warm-up)' if s < job.warmup else ''}{of}"
+    return {
+        P_START: "had not started (never heard from, and no CPU time used, since its launch)",
+        P_LOAD: "was loading its job",
+        P_RENDEZVOUS: "was waiting at the rendezvous (init_process_group)",
+        P_SETUP: f"was building its model, state and program{of}",
+        P_BARRIER: f"was waiting at the barrier before {at}",
+        P_STEP: f"was running its ops in {at}",
+        P_RECV: f"was waiting for a message from rank {detail >> 32} (tag {detail & 0xFFFFFFFF}) in {at}",
+        P_COLLECTIVE: f"was waiting for {f'the all-reduce of node {detail}' if detail >= 0 else 'a collective'} in {at}",
+        P_DRAIN: f"was waiting for its sends to complete at the end of {at}",
+        P_PROFILE_WAIT: f"was waiting at the barrier of the in-situ profile after {at}",
+        P_PROFILE: f"was running the in-situ profile after {at}",
+        P_FINAL: f"was waiting at the barrier after its last step{of}",
+        P_DONE: "had finished",
+    }.get(phase, f"was in unknown phase {phase}")
+
+
+def _ranks(rs: Sequence[int]) -> str:
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+def stall_message(rows: np.ndarray, jobs: Sequence[Job], timeout_s: float) -> str:
+    """The line that reports a run in which no rank made progress for ``timeout_s``, from the
+    board's ``rows`` (one per rank): the ranks that stopped it - of the least advanced ranks
+    (:func:`_advance`) those not waiting for the others, or all of them when every one waits
+    (a deadlock, a message that never comes) - then what every rank was doing."""
+    keys = [_advance(r) for r in rows]
+    behind = [q for q, key in enumerate(keys) if key == min(keys)]
+    stuck = [q for q in behind if int(rows[q][0]) not in WAITING] or behind
+    doing: dict[str, list[int]] = {}
+    for q in stuck + [q for q in range(len(rows)) if q not in stuck]:
+        doing.setdefault(_doing(rows[q], jobs), []).append(q)
+    return (f"real run stalled: {_ranks(stuck)} stopped responding (no rank made progress for {timeout_s:g} s, sim.rank_timeout_s): "
+            + "; ".join(f"{_ranks(qs)} {what if len(qs) == 1 else re.sub('^was ', 'were ', what)}" for what, qs in doing.items())
+            + f"; all {len(rows)} ranks were ended (raise sim.rank_timeout_s if a step of this plan takes longer)")
+
+
+def _cpu_ticks(pid: int) -> int:
+    """A process's user + system CPU time in clock ticks (Linux's /proc; 0 where unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class _Watchdog:
+    """The launcher's side of the progress board: creates it, and :meth:`check` raises a
+    :class:`RealRunError` (:func:`stall_message`) once nothing has moved for the jobs'
+    ``rank_timeout_s``: the board, nor the CPU time of a rank that has not written on it yet
+    (it is starting Python and importing torch, seconds on a busy machine)."""
+
+    def __init__(self, board: Path, jobs: Sequence[Job]) -> None:
+        self.board, self.jobs = board, list(jobs)
+        self.timeout_s = max(j.rank_timeout_s for j in jobs)
+        board.write_bytes(bytes(8 * BOARD_SLOTS * jobs[0].world))
+        self.seen: tuple[bytes, list[int]] = (b"", [])
+        self.since = time.monotonic()
+
+    def check(self, pids: Sequence[int] = ()) -> None:
+        """``pids``: the ranks' processes, where known (by rank)."""
+        data, now = self.board.read_bytes(), time.monotonic()
+        rows = np.frombuffer(data, dtype=np.int64).reshape(-1, BOARD_SLOTS)
+        state = (data, [_cpu_ticks(pid) for pid, row in zip(pids, rows) if row[0] == P_START])
+        if state != self.seen:
+            self.seen, self.since = state, now
+        elif now - self.since > self.timeout_s:
+            raise RealRunError(stall_message(rows, self.jobs, self.timeout_s))
+
+
 # ---------------------------------------------------------------------------- workers
 def _setup_rank(job: Job, rank: int, local_rank: int) -> tuple[Any, Any]:
     import torch
@@ -1266,14 +1460,15 @@ def _setup_rank(job: Job, rank: int, local_rank: int) -> tuple[Any, Any]:
     return torch.device("cpu"), torch
 
 
-def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, k: int, pos: int = 0,
+def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, k: int, row: Any, pos: int = 0,
              trace: list[tuple[int, int, float, float]] | None = None) -> tuple[Any, Any, list[float]]:
     """This rank's ``post(PH, RB)`` (posts the step's early receives, returns their buffers and
     handles), ``step(PH, RB, P)`` and the step's ``[send seconds, wait seconds]`` (summed by
     ``step``, reset by the caller); ``pos`` is its position among the k data-parallel ranks
     (its batch shard and, with channel parallelism, its slice of the features).  With a
     ``trace`` list, every op, send and wait appends ``(kind, id, start, end)`` to it
-    (perf_counter seconds; kinds :data:`TRACE_KINDS`)."""
+    (perf_counter seconds; kinds :data:`TRACE_KINDS`).  ``row`` is the rank's row of the
+    progress board (:class:`Progress`): every wait and collective marks itself there."""
     import torch
 
     W: list[Any] = []
@@ -1284,15 +1479,18 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
     class _Timed:
         """A communication handle whose ``wait`` counts into the step's wait time."""
 
-        __slots__ = ("h", "kind", "id")
+        __slots__ = ("h", "kind", "id", "phase", "detail")
 
-        def __init__(self, h: Any, kind: int, ident: int) -> None:
-            self.h, self.kind, self.id = h, kind, ident
+        def __init__(self, h: Any, kind: int, ident: int, phase: int, detail: int) -> None:
+            self.h, self.kind, self.id, self.phase, self.detail = h, kind, ident, phase, detail
 
         def wait(self) -> None:
+            row[3] = self.detail
+            row[0] = self.phase
             t = pc()
             self.h.wait()
             t1 = pc()
+            row[0] = P_STEP
             acc[1] += t1 - t
             if rec is not None:
                 rec((self.kind, self.id, t, t1))
@@ -1316,15 +1514,17 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
             rec((TRACE_SEND, tag, t0, t1))
 
     def _irecv(t: Any, src: int, tag: int) -> Any:
-        return _Timed(dist.irecv(t, src, group=pg, tag=tag), TRACE_RECV, tag)
+        return _Timed(dist.irecv(t, src, group=pg, tag=tag), TRACE_RECV, tag, P_RECV, src << 32 | tag)
 
     def _drain(w: list[Any]) -> None:
+        row[0] = P_DRAIN
         t0 = pc()
         for x in w:
             if hasattr(x, "wait"):
                 x.wait()
         w.clear()
         t1 = pc()
+        row[0] = P_STEP
         acc[1] += t1 - t0
         if rec is not None:
             rec((TRACE_DRAIN, -1, t0, t1))
@@ -1342,36 +1542,43 @@ def _compile(prog: RankProgram, device: Any, dist: Any, pg: Any, dp_group: Any, 
         return p.clone(memory_format=torch.contiguous_format)
 
     def _allreduce(t: Any, i: int) -> Any:
-        return _Timed(dist.all_reduce(t, group=dp_group, async_op=True), TRACE_ALLREDUCE, i)
+        return _Timed(dist.all_reduce(t, group=dp_group, async_op=True), TRACE_ALLREDUCE, i, P_COLLECTIVE, i)
+
+    def _collective(op: Any, *args: Any) -> None:
+        """A blocking collective over the data-parallel ranks, marked on the progress board."""
+        row[3] = -1
+        row[0] = P_COLLECTIVE
+        op(*args, group=dp_group)
+        row[0] = P_STEP
 
     # channel parallelism: conversions between representations (see ChannelPlan), blocking
     # collectives over the k data-parallel ranks; rows are samples (batch-major), columns features
     def _ag_rows(t: Any) -> Any:  # L [b, f] -> R [k*b, f]
         out = torch.empty((k * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-        dist.all_gather(list(out.chunk(k, 0)), t.contiguous(), group=dp_group)
+        _collective(dist.all_gather, list(out.chunk(k, 0)), t.contiguous())
         return out
 
     def _ag_cols(t: Any) -> Any:  # C [B, f/k] -> R [B, f]
         parts = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for _ in range(k)]
-        dist.all_gather(parts, t.contiguous(), group=dp_group)
+        _collective(dist.all_gather, parts, t.contiguous())
         return torch.cat(parts, 1)
 
     def _a2a_lc(t: Any) -> Any:  # L [b, f] -> C [k*b, f/k]: feature block q goes to rank q
         b, f = t.shape
         send = t.reshape(b, k, f // k).transpose(0, 1).contiguous()
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=dp_group)
+        _collective(dist.all_to_all_single, recv, send)
         return recv.view(k * b, f // k)
 
     def _a2a_cl(t: Any) -> Any:  # C [k*b, f/k] -> L [b, f]: rows of rank q go to rank q
         rows, o = t.shape
         send = t.contiguous()
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=dp_group)
+        _collective(dist.all_to_all_single, recv, send)
         return recv.view(k, rows // k, o).transpose(0, 1).reshape(rows // k, k * o)
 
     def _ar(t: Any) -> Any:  # P [B, f] -> R [B, f], summed in place
-        dist.all_reduce(t, group=dp_group)
+        _collective(dist.all_reduce, t)
         return t
 
     def _rows(t: Any) -> Any:  # R -> L: this rank's samples
@@ -1403,8 +1610,9 @@ def _minor_faults() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
-def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
-    """Build this rank's state and program for one job, run and time its steps, save the record."""
+def _run_job(job: Job, rank: int, device: Any, out_dir: str, row: Any) -> None:
+    """Build this rank's state and program for one job, run and time its steps, save the record;
+    ``row``: the rank's row of the progress board (:class:`Progress`), in phase :data:`P_SETUP`."""
     import torch
     import torch.distributed as dist
 
@@ -1424,7 +1632,7 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
         PH = initial_state(job.source, job.eg, job.seed, device)
     RB = {j: job.eg.placeholders[j].meta.empty(device) for j in prog.recv_params}
     events: list[tuple[int, int, float, float]] | None = [] if job.trace else None
-    post, step, acc = _compile(prog, device, dist, pg, dp_group, k, pos, events)
+    post, step, acc = _compile(prog, device, dist, pg, dp_group, k, row, pos, events)
     traces: list[np.ndarray] = []  # [events, 4] per measured step: kind, id, start, end (perf_counter seconds)
     if job.interleave_profile:
         from harness.profile import dead_inputs, in_situ_step
@@ -1438,7 +1646,10 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
     for s in range(job.warmup + job.steps):
         P = post(PH, RB)  # before the barrier: the peers know of every receive when the step starts
         acc[0] = acc[1] = 0.0
+        row[2] = s
+        row[0] = P_BARRIER
         dist.barrier()
+        row[0] = P_STEP
         f0 = _minor_faults()
         t0 = time.perf_counter()
         b, outs = step(PH, RB, P)
@@ -1457,6 +1668,8 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
                 traces.append(np.array(events, dtype=np.float64).reshape(len(events), 4))
             events.clear()
         if s == 0 and job.collect:
+            row[3] = -1
+            row[0] = P_COLLECTIVE
             outputs = {key: (v.detach().cpu().clone() if hasattr(v, "detach") else v) for key, v in outs.items()}
             if dp and "loss" in outs and rank in job.dp_devices:
                 loss = outs["loss"].detach().clone()
@@ -1468,17 +1681,22 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
                     parts = [torch.empty_like(t) for _ in job.dp_devices]
                     dist.all_gather(parts, t, group=dp_group)
                     outputs[key] = torch.cat(parts, 0).cpu()
+            row[0] = P_STEP
         del outs
         if job.interleave_profile:
             # the ranks take turns, the others waiting at a barrier - not at the next step's: one
             # that posted its receives a whole reference step before its peer stalled ~40 ms on
             # one message in every such step (gloo over loopback, measured with sim.trace)
+            row[0] = P_PROFILE_WAIT
             dist.barrier()
             if s % job.world == rank:
+                row[0] = P_PROFILE
                 t_ref = in_situ_step(job.eg, ref_ph, device, ref_dead, ref_fns)
                 if s >= job.warmup:
                     reference.append(t_ref)
+                row[0] = P_PROFILE_WAIT
             dist.barrier()
+    row[0] = P_FINAL
     dist.barrier()
     rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "send": sent, "wait": waited, "faults": faults, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
            "threads": torch.get_num_threads(), "outputs": outputs, "nodes": prog.nodes, "sends": prog.sends, "recvs": prog.recvs,
@@ -1486,34 +1704,55 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str) -> None:
     torch.save(rec, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def run_rank(jobs: Sequence[Job], out_dirs: Sequence[str], rank: int, local_rank: int, init_method: str) -> None:
-    """One rank: pin, join the group once, then run each job in turn (they share world size,
-    backend, device and threads); a failing job leaves ``rank<r>.error`` in its directory."""
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux's ``PR_SET_PDEATHSIG``;
+    elsewhere nothing): a rank whose launcher is gone has no one to report to."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+
+
+def run_rank(job_dirs: Sequence[str], rank: int, local_rank: int, init_method: str, board: str | None = None) -> None:
+    """One rank: load the jobs written in ``job_dirs``, pin, join the group once, then run each
+    job in turn (they share world size, backend, device and threads), telling the launcher
+    what it does on the progress ``board`` (:class:`Progress`); a failing job leaves
+    ``rank<r>.error`` in its directory."""
     import datetime
 
     import torch.distributed as dist
 
     from harness.profile import IdleSpinners
 
+    _die_with_parent()
+    progress = Progress(board, rank)
+    progress.set(P_LOAD)
+    jobs = [pickle.loads(Path(d, "job.pkl").read_bytes()) for d in job_dirs]
     first = jobs[0]
     device, _ = _setup_rank(first, rank, local_rank)
+    progress.set(P_RENDEZVOUS)
     dist.init_process_group(first.backend, init_method=init_method, rank=rank, world_size=first.world,
                             timeout=datetime.timedelta(seconds=max(j.timeout_s for j in jobs)))
     # the spinners are started after the rendezvous, on this rank's own (already pinned) cores
     try:
         with IdleSpinners(os.sched_getaffinity(0) if first.spin_idle and hasattr(os, "sched_getaffinity") else []):
-            for job, d in zip(jobs, out_dirs):
+            for k, (job, d) in enumerate(zip(jobs, job_dirs)):
+                progress.set(P_SETUP, job=k, step=0)
                 try:
-                    _run_job(job, rank, device, d)
+                    _run_job(job, rank, device, d, progress.row)
                 except Exception:
                     Path(d, f"rank{rank}.error").write_text(traceback.format_exc())
                     raise
+        progress.set(P_DONE)
     finally:
         dist.destroy_process_group()
 
 
-def _spawn_entry(local_rank: int, jobs: Sequence[Job], init_method: str, out_dirs: Sequence[str]) -> None:
-    run_rank(jobs, out_dirs, local_rank, local_rank, init_method)
+def _spawn_entry(local_rank: int, job_dirs: Sequence[str], init_method: str, board: str) -> None:
+    """A rank started by ``torch.multiprocessing``: it leads its own process group, which its
+    idle spinners join, so that the launcher ends it and them with one signal."""
+    os.setpgid(0, 0)
+    run_rank(job_dirs, local_rank, local_rank, init_method, board)
 
 
 @dataclass
@@ -1669,12 +1908,124 @@ def _unguarded_script_hint() -> str:
             "that guard, or use sim.launcher=torchrun.")
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived while ranks were running (raised by :func:`_sigterm_raises`'s handler)."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While ranks run, SIGTERM raises :class:`_Terminated` in this thread instead of ending the
+    process at once, which would leave the ranks to the kernel and the job directory behind -
+    where SIGTERM has its default action and this is the main thread; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _end_ranks(procs: Sequence[Any]) -> None:
+    """SIGKILL every spawned rank still running, with its process group (its idle spinners;
+    a rank killed before it made its group is killed alone), and reap them all."""
+    for p in procs:
+        if p.exitcode is None:  # not reaped: its pid is still its own
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(ProcessLookupError):
+                    kill(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.join()
+
+
+def _rank_failure(rank: int, code: int, error_file: str, dirs: Sequence[Path]) -> str:
+    """What is known of a failed rank: a job's traceback (``rank<r>.error``), else the traceback
+    torch.multiprocessing saved, else how it ended."""
+    errs = sorted(f for d in dirs for f in d.glob("rank*.error"))
+    if errs:
+        return errs[0].read_text()[-4000:]
+    if os.path.exists(error_file) and os.path.getsize(error_file):
+        return str(pickle.loads(Path(error_file).read_bytes()))[-4000:]
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    return f"rank {rank} {how}{_unguarded_script_hint()}"
+
+
+def _launch_spawn(jobs: Sequence[Job], dirs: Sequence[Path], root: Path, board: Path) -> None:
+    """Run the ranks with ``torch.multiprocessing`` until they are done, one fails or they
+    stall (:class:`_Watchdog`); every rank still running is ended however this returns."""
+    import multiprocessing.connection
+
+    import torch.multiprocessing as mp
+
+    j0 = jobs[0]
+    rdzv = root / "rdzv"
+    rdzv.unlink(missing_ok=True)
+    watch = _Watchdog(board, jobs)
+    ctx = mp.start_processes(_spawn_entry, args=([str(d) for d in dirs], f"file://{rdzv}", str(board)), nprocs=j0.world,
+                             join=False, start_method="spawn")
+    procs = ctx.processes
+    try:
+        while True:
+            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed:
+                r = failed[0]
+                raise RealRunError(f"real run ({j0.world} ranks) failed:\n{_rank_failure(r, procs[r].exitcode, ctx.error_files[r], dirs)}")
+            running = [p.sentinel for p in procs if p.exitcode is None]
+            if not running:
+                return
+            multiprocessing.connection.wait(running, timeout=POLL_S)
+            watch.check([p.pid for p in procs])
+    finally:
+        _end_ranks(procs)
+        for f in ctx.error_files:
+            Path(f).unlink(missing_ok=True)
+
+
+def _launch_torchrun(job: Job, d: Path, board: Path) -> None:
+    """Run one job's ranks under ``python -m torch.distributed.run --standalone`` until they are
+    done, fail or stall; however this returns, the agent is gone and has ended its workers."""
+    watch = _Watchdog(board, [job])
+    log = d / "torchrun.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={job.world}", "-m", "simulators.realrun",
+           "--progress", str(board), str(d)]
+    with open(log, "wb") as out:
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while True:
+            try:
+                p.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                watch.check()
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)  # the agent ends its workers' process groups
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)  # its workers die with it (PR_SET_PDEATHSIG)
+                p.wait()
+    if p.returncode != 0:
+        errs = sorted(d.glob("rank*.error"))
+        detail = errs[0].read_text()[-4000:] if errs else log.read_text(errors="replace")[-4000:]
+        raise RealRunError(f"torchrun real run failed (exit {p.returncode}):\n{detail}")
+
+
 def launch_many(jobs: Sequence[Job], launcher: str = "spawn", job_dir: str | None = None) -> list[Measured]:
     """Run jobs one after the other on one set of local ranks (``spawn``: torch.multiprocessing,
     one process start for all of them; ``torchrun``: ``python -m torch.distributed.run
-    --standalone`` per job) and read back what they measured."""
-    import torch.multiprocessing as mp
+    --standalone`` per job) and read back what they measured.
 
+    A run that stalls raises a :class:`RealRunError` naming the ranks that stopped it, Ctrl-C a
+    ``KeyboardInterrupt`` and SIGTERM a ``SystemExit``, each with a :class:`RealRunError` as its
+    cause; every rank has been ended by then, and the job directory is removed unless
+    ``job_dir`` named it (then only the launch's own files go: the board and the rendezvous
+    file).  See the module docstring."""
     if not jobs:
         return []
     j0 = jobs[0]
@@ -1682,41 +2033,46 @@ def launch_many(jobs: Sequence[Job], launcher: str = "spawn", job_dir: str | Non
         if (j.world, j.backend, j.device, j.threads) != (j0.world, j0.backend, j0.device, j0.threads):
             raise RealRunError("jobs launched together must share world size, backend, device and threads per rank")
     root = Path(job_dir) if job_dir else Path(tempfile.mkdtemp(prefix="realrun-"))
-    dirs = [write_job(j, str(root if len(jobs) == 1 else root / f"job{k}")) for k, j in enumerate(jobs)]
-    env_backup = os.environ.get("GLOO_SOCKET_IFNAME")
-    if j0.backend == "gloo" and env_backup is None:
+    board = root / "progress"
+    loopback = j0.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ
+    if loopback:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # single host: loopback, whatever the host name resolves to
     try:
-        if launcher == "spawn":
-            rdzv = root / "rdzv"
-            if rdzv.exists():
-                rdzv.unlink()
-            try:
-                mp.start_processes(_spawn_entry, args=(list(jobs), f"file://{rdzv}", [str(d) for d in dirs]), nprocs=j0.world,
-                                   join=True, start_method="spawn")
-            except Exception as e:  # noqa: BLE001 - report the rank's own traceback
-                errs = sorted(p for d in dirs for p in d.glob("rank*.error"))
-                detail = errs[0].read_text()[-4000:] if errs else str(e) + _unguarded_script_hint()
-                raise RealRunError(f"real run ({j0.world} ranks) failed:\n{detail}") from e
-        elif launcher == "torchrun":
-            for d, j in zip(dirs, jobs):
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={j.world}", "-m", "simulators.realrun", str(d)]
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=j.timeout_s * 2)
-                if p.returncode != 0:
-                    errs = sorted(d.glob("rank*.error"))
-                    detail = errs[0].read_text()[-4000:] if errs else p.stderr[-4000:]
-                    raise RealRunError(f"torchrun real run failed (exit {p.returncode}):\n{detail}")
-        else:
-            raise RealRunError(f"unknown launcher {launcher!r}")
+        with _sigterm_raises():
+            dirs = [write_job(j, str(root if len(jobs) == 1 else root / f"job{k}")) for k, j in enumerate(jobs)]
+            if launcher == "spawn":
+                _launch_spawn(jobs, dirs, root, board)
+            elif launcher == "torchrun":
+                for d, j in zip(dirs, jobs):
+                    _launch_torchrun(j, d, board)
+            else:
+                raise RealRunError(f"unknown launcher {launcher!r}")
+            return [read_results(j, d, launcher) for j, d in zip(jobs, dirs)]
+    except KeyboardInterrupt:
+        line = f"real run interrupted (SIGINT): its {j0.world} ranks were ended"
+        raise KeyboardInterrupt(line) from RealRunError(line)
+    except _Terminated:
+        line = f"real run terminated (SIGTERM): its {j0.world} ranks were ended"
+        raise SystemExit(f"error: {line}") from RealRunError(line)
     finally:
-        if env_backup is None and j0.backend == "gloo":
+        if loopback:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
-    return [read_results(j, d, launcher) for j, d in zip(jobs, dirs)]
+        if job_dir:
+            for f in (board, root / "rdzv"):
+                f.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def launch(job: Job, launcher: str = "spawn", job_dir: str | None = None) -> Measured:
     """Run one job (see :func:`launch_many`)."""
     return launch_many([job], launcher, job_dir)[0]
+
+
+#: how a job's ranks are started by hand, for the messages of :func:`main`
+_TORCHRUN = "torchrun --nproc-per-node {n} -m simulators.realrun {d}"
+#: the variables torchrun sets for its workers that ``env://`` needs
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1726,25 +2082,44 @@ def main(argv: list[str] | None = None) -> int:
     launch), with ``env://`` rendezvous (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT as torchrun
     sets them); each rank writes ``JOB_DIR/rank<r>.pt``.  ``python -m simulators.realrun --summary
     JOB_DIR`` then prints the measured figures as JSON.  JOB_DIR must be shared by the hosts.
+    ``--progress BOARD`` (before JOB_DIR) is the progress board of a launch of ours.  A mistake
+    (no JOB_DIR, no job in it, no torchrun environment) is one line on stderr and status 2.
     """
     import json
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if args[:1] in (["-h"], ["--help"]):
         print(main.__doc__)
         return 0
-    if args[0] == "--summary":
-        d = Path(args[1])
-        job = pickle.loads((d / "job.pkl").read_bytes())
+
+    def usage(msg: str) -> int:
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+
+    summary = args[:1] == ["--summary"]
+    board = args[1] if args[:1] == ["--progress"] and len(args) > 1 else None
+    args = args[1:] if summary else args[2:] if board else args
+    if len(args) != 1:
+        return usage(f"start one rank per device of a prepared job with {_TORCHRUN.format(n='N', d='JOB_DIR')} (JOB_DIR written by "
+                     "python -m harness sim=realrun sim.launcher=prepare sim.job_dir=JOB_DIR), or print its figures with "
+                     "python -m simulators.realrun --summary JOB_DIR")
+    d = Path(args[0])
+    if not (d / "job.pkl").is_file():
+        return usage(f"no job in {d} ({d / 'job.pkl'} is missing): write one with python -m harness sim=realrun sim.launcher=prepare "
+                     f"sim.job_dir={d}")
+    job = pickle.loads((d / "job.pkl").read_bytes())
+    if summary:
         print(json.dumps(read_results(job, d, "torchrun").summary(), indent=1))
         return 0
-    d = Path(args[0])
-    job = pickle.loads((d / "job.pkl").read_bytes())
+    missing = [v for v in _TORCHRUN_ENV if v not in os.environ]
+    if missing:
+        return usage(f"python -m simulators.realrun runs one rank of a job and torchrun starts it ({', '.join(missing)} not set): "
+                     f"{_TORCHRUN.format(n=job.world, d=d)} (across hosts add --nnodes, --node-rank and --rdzv-endpoint)")
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != job.world:
-        raise RealRunError(f"the job needs {job.world} ranks, torchrun started {world}")
-    run_rank([job], [str(d)], rank, int(os.environ.get("LOCAL_RANK", rank)), "env://")
+        return usage(f"the job in {d} needs {job.world} ranks, torchrun started {world}: {_TORCHRUN.format(n=job.world, d=d)}")
+    run_rank([str(d)], rank, int(os.environ.get("LOCAL_RANK", rank)), "env://", board)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,7 @@ def test_one_run_per_algorithm(algo, every_algorithm):
     assert set(CONTRACT_KEYS) <= set(row)
     assert row["algo"] == algo and row["model"] == "lenet5" and row["num_devices"] == 4
     assert len(row["peak_memory_bytes"]) == 4 and isinstance(row["oom"], bool)
-    assert f"algorithm    {algo}" in r.stdout
+    assert re.search(rf"^algorithm\s+{algo}$", r.stdout, re.M)
     trace = json.loads((out / "trace.json").read_text())
     assert any(e["ph"] == "X" for e in trace["traceEvents"])
 

@@ -491,6 +491,7 @@ def test_run_adds_the_measured_step_time(tmp_path):
     """harness.run with sim=realrun: the event simulator's step_time_s and the measured one."""
     from harness.run import format_summary, run, write_outputs
 
+    (tmp_path / "none").mkdir()  # a profile directory without profiles: every op falls back
     cfg = compose([*MODELS["lenet5"][0], "algo=m_topo", "cluster=cpu2", "sim=realrun", "sim.warmup=1", "sim.steps=3",
                    "costs=profiled", f"costs.profile_dir={tmp_path / 'none'}", "output.gantt=false", "sim.interleave_profile=true",
                    "sim.trace=true"])
