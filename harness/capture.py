@@ -703,6 +703,7 @@ def coarsen_runs(g: OpGraph) -> OpGraph:
     np.logical_and.at(free, grp, g.free)
     meta = {**g.meta, "coarsened_from": g.num_nodes}
     meta.pop("batch_axis", None)
+    meta.pop("renumbered_from", None)  # ids of the fine graph, not of its runs
     return OpGraph(
         names=[g.names[s] for s in starts], targets=[f"layer:{g.layer_names[g.layer[s]]}" for s in starts],
         phase=g.phase[starts], layer=g.layer[starts], layer_names=g.layer_names,

@@ -327,8 +327,9 @@ class OpGraph(EdgeListGraph):
             v = int(src[self_loops[0]])
             raise GraphError(f"graph has a cycle through nodes {v} ({names[v]}) -> {v} ({names[v]})")
         order = topological_order(n, src, dst, names)
-        if np.array_equal(order, np.arange(n)):
-            return cls(**fields)
+        if np.array_equal(order, np.arange(n)):  # in order: a permutation the fields carried is not this graph's
+            meta = {k: v for k, v in (fields.get("meta") or {}).items() if k != "renumbered_from"}
+            return cls(**{**fields, "meta": meta})
         new_id = np.empty(n, dtype=np.int64)
         new_id[order] = np.arange(n)
         out = dict(fields)

@@ -40,6 +40,10 @@ def test_from_unordered_renumbers_and_reports_cycles():
     assert h.names == ["v2", "v0", "v1"]
     assert h.meta["renumbered_from"] == [2, 0, 1]
     assert (h.src < h.dst).all()
+    # a graph already in order keeps its ids and drops a permutation it was handed with
+    again = h.to_dict()
+    again.pop("format")
+    assert "renumbered_from" not in OpGraph.from_unordered(**again).meta
     fields["src"], fields["dst"] = [0, 1, 2], [1, 2, 0]
     with pytest.raises(GraphError, match=r"cycle through nodes .*v0"):
         OpGraph.from_unordered(**fields)
