@@ -1,39 +1,54 @@
 """What every algorithm is: a callable from (graph, cluster, costs) to a :class:`Plan`.
 
 An algorithm is registered by a file ``conf/algo/<name>.yaml`` whose ``_target_`` names
-its class; the list of algorithms is the list of those files.  ``graph_kind`` says which
-graph the harness hands it: the operator graph (``"op"``) or the layer graph (``"layer"``).
-Algorithms see the graph, the cluster and a cost oracle, never the simulator.
+its class; the list of algorithms is the list of those files.  Every key of that file is a
+parameter of the class's ``__init__``, which lists its parameters explicitly (no ``**kwargs``:
+a misspelt key is refused when the job builds the algorithm).  ``graph_kind`` (declared by
+every concrete class) says which graph the harness hands it: the operator graph (``"op"``) or
+the layer graph (``"layer"``).  Algorithms see the graph, the cluster and a cost oracle,
+never the simulator (HRL excepted: its paper trains on measured runs, see
+:mod:`algorithms.hrl`).
+
+The contract of a subclass::
+
+    class MyAlgo(Algorithm):
+        graph_kind = "op"
+
+        def __init__(self, name: str = "my_algo", seed: int = 0, alpha: float = 1.0) -> None:
+            super().__init__(name, seed)
+            self.alpha = alpha
+
+        def describe(self) -> dict[str, Any]:
+            return {**super().describe(), "alpha": self.alpha}
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import Plan
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import Plan
 
 
 class Algorithm:
-    """Base class: subclasses set ``graph_kind`` and implement :meth:`plan`."""
+    """Base class: subclasses declare ``graph_kind``, take their parameters explicitly,
+    implement :meth:`plan` and extend :meth:`describe` with their parameters."""
 
-    graph_kind: str = "op"
+    graph_kind: str
 
-    def __init__(self, name: str, seed: int = 0, **params: Any) -> None:
+    def __init__(self, name: str, seed: int = 0) -> None:
         self.name = name
         self.seed = int(seed)
-        self.params = params
 
     def plan(self, graph: Any, cluster: Cluster, costs: CostModel) -> Plan:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
-        """The algorithm's parameters, as they go into result.json."""
-        return {"name": self.name, "seed": self.seed, **self.params}
+        """The algorithm's name, seed and parameters, as they go into result.json
+        (``algo_params``); subclasses add their parameters to this dict."""
+        return {"name": self.name, "seed": self.seed}
 
 
 def derived_meta(graph: OpGraph, **extra: Any) -> dict[str, Any]:
@@ -45,34 +60,3 @@ def derived_meta(graph: OpGraph, **extra: Any) -> dict[str, Any]:
     meta = {k: v for k, v in graph.meta.items() if k != "renumbered_from"}
     meta.update(extra)
     return meta
-
-
-def follow_colocation(graph: OpGraph, device: np.ndarray) -> np.ndarray:
-    """Move every member of a co-location group to the device of its first member
-    (Celeritas Sec. 5: "co-location groups follow their first member")."""
-    out = np.asarray(device).copy()
-    for members in graph.coloc_groups():
-        out[members] = out[members[0]]
-    return out
-
-
-def bfs_topological_order(graph: OpGraph) -> np.ndarray:
-    """Kahn's algorithm with a FIFO queue: the order TensorFlow's placer (and Baechi's
-    m-TOPO) walks the graph in."""
-    from collections import deque
-
-    n = graph.num_nodes
-    indeg = np.bincount(graph.dst, minlength=n).tolist()
-    ptr, succ, _ = graph.succ_csr()
-    ptr_l, succ_l = ptr.tolist(), succ.tolist()
-    q = deque(v for v in range(n) if indeg[v] == 0)
-    order: list[int] = []
-    while q:
-        v = q.popleft()
-        order.append(v)
-        for i in range(ptr_l[v], ptr_l[v + 1]):
-            w = succ_l[i]
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                q.append(w)
-    return np.asarray(order, dtype=np.int64)

@@ -13,21 +13,27 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, follow_colocation
-from harness.cluster import Cluster, integer, positive_int
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import ParallelConfig, Plan, Strategy, StrategyError
+from algorithms.base import Algorithm
+from algorithms.sched.constraints import follow_colocation
+from harness.core.cluster import Cluster, integer, positive_int
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import ParallelConfig, Plan, Strategy, StrategyError
 
 
 class SingleDevice(Algorithm):
     """Everything on one device (the single-GPU column of the papers' tables)."""
 
-    def __init__(self, name: str = "single_device", device: int = 0, **kw: Any) -> None:
-        super().__init__(name, device=device, **kw)
+    graph_kind = "op"
+
+    def __init__(self, name: str = "single_device", seed: int = 0, device: int = 0) -> None:
+        super().__init__(name, seed)
         self.device = integer(device, "algo.device", StrategyError)
         if self.device < 0:
             raise StrategyError(f"algo.device must be a device id >= 0, got {self.device}")
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "device": self.device}
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         return Plan(graph, Strategy.placement(np.full(graph.num_nodes, self.device)))
@@ -40,12 +46,17 @@ class DataParallel(Algorithm):
     strategy, with its OptCNN Eq. 1 / PaSE objective in ``Plan.info``).
     """
 
-    def __init__(self, name: str = "data_parallel", devices: int | None = None, graph: str = "op", **kw: Any) -> None:
+    graph_kind = "op"
+
+    def __init__(self, name: str = "data_parallel", seed: int = 0, devices: int | None = None, graph: str = "op") -> None:
         if graph not in ("op", "layer"):
             raise ValueError(f"data_parallel: graph must be 'op' or 'layer', got {graph!r}")
-        super().__init__(name, devices=devices, graph=graph, **kw)
+        super().__init__(name, seed)
         self.devices = None if devices is None else positive_int(devices, "algo.devices", StrategyError)
         self.graph_kind = graph
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "devices": self.devices, "graph": self.graph_kind}
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         k = cluster.num_devices if self.devices is None else self.devices
@@ -64,8 +75,10 @@ class DataParallel(Algorithm):
 class RoundRobin(Algorithm):
     """Node i on device i mod N (co-location groups follow their first member)."""
 
-    def __init__(self, name: str = "round_robin", **kw: Any) -> None:
-        super().__init__(name, **kw)
+    graph_kind = "op"
+
+    def __init__(self, name: str = "round_robin", seed: int = 0) -> None:
+        super().__init__(name, seed)
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         dev = np.arange(graph.num_nodes) % cluster.num_devices

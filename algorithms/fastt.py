@@ -10,7 +10,7 @@ FastT has no public code; this is our reading of the descriptions, not a port:
   operator priority according to the critical path", FD-DPS Sec. 5.2).
 * **Earliest-finish device choice**: the ready operator of highest priority goes to the
   device where it finishes earliest, with insertion into idle gaps
-  (:func:`algorithms.dps_common.ready_list_schedule`).
+  (:func:`algorithms.sched.engine.ready_list_schedule`).
 * **Operator splitting**: FastT's white-box search splits operators on the critical path
   of the current schedule.  Each round takes up to ``candidates_per_round`` of the
   longest splittable operators on that path (conv / conv backward / matmul with at most
@@ -30,13 +30,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from algorithms.base import Algorithm
-from algorithms.dps_common import ListSchedule, SchedGraph, comm_fn, ready_list_schedule, schedule_critical_path
-from algorithms.listsched import blevel, order_from_starts, tlevel
+from algorithms.sched.engine import ListSchedule, ready_list_schedule, schedule_critical_path
+from algorithms.sched.levels import blevel, tlevel
+from algorithms.sched.orders import order_from_starts
+from algorithms.sched.schedgraph import SchedGraph, comm_fn
 from algorithms.opsplit import DEFAULT_SPLIT_OPS, param_bytes_read, split_dim_of, split_graph
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import Plan, Strategy
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import Plan, Strategy
 
 
 def fastt_schedule(graph: OpGraph, cluster: Cluster, costs: CostModel, insertion: bool = True) -> tuple[SchedGraph, ListSchedule]:
@@ -50,9 +52,12 @@ def fastt_schedule(graph: OpGraph, cluster: Cluster, costs: CostModel, insertion
 class FastT(Algorithm):
     """FastT: static critical-path list scheduling plus greedy critical-path op splitting."""
 
+    graph_kind = "op"
+
     def __init__(
         self,
         name: str = "fastt",
+        seed: int = 0,
         split: bool = True,
         split_ops: Sequence[str] = DEFAULT_SPLIT_OPS,
         max_param_MiB: float = 32.0,
@@ -60,26 +65,31 @@ class FastT(Algorithm):
         max_rounds: int = 16,
         candidates_per_round: int = 4,
         insertion: bool = True,
-        **kw: Any,
     ) -> None:
-        super().__init__(name, split=split, split_ops=list(split_ops), max_param_MiB=max_param_MiB, split_dim=split_dim,
-                         max_rounds=max_rounds, candidates_per_round=candidates_per_round, insertion=insertion, **kw)
+        super().__init__(name, seed)
         if max_rounds < 0 or candidates_per_round < 1:
             raise ValueError(f"fastt needs max_rounds >= 0 and candidates_per_round >= 1 (got {max_rounds}, {candidates_per_round})")
         self.split = bool(split)
-        self.split_ops = set(split_ops)
+        self.split_ops = list(split_ops)
+        self.max_param_MiB = max_param_MiB
         self.max_param = float(max_param_MiB) * 2**20
         self.split_dim = str(split_dim)
         self.max_rounds = int(max_rounds)
         self.per_round = int(candidates_per_round)
         self.insertion = bool(insertion)
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "split": self.split, "split_ops": self.split_ops, "max_param_MiB": self.max_param_MiB,
+                "split_dim": self.split_dim, "max_rounds": self.max_rounds, "candidates_per_round": self.per_round,
+                "insertion": self.insertion}
+
     def _candidates(self, g: OpGraph, path: list[int], et: np.ndarray, whole: np.ndarray, tried: set[int], origin: np.ndarray) -> dict[int, str]:
         pbytes = param_bytes_read(g)
+        ops = set(self.split_ops)
         out: list[tuple[float, int, str]] = []
         for v in path:
             o = int(origin[v])
-            if o < 0 or not whole[v] or o in tried or g.targets[v] not in self.split_ops or pbytes[v] > self.max_param:
+            if o < 0 or not whole[v] or o in tried or g.targets[v] not in ops or pbytes[v] > self.max_param:
                 continue
             d = split_dim_of(g, v, self.split_dim)
             if d is not None:

@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.layer_costs import LayerCostTables, LayerSearch
-from harness.cluster import Cluster
-from harness.layergraph import LayerGraph
-from harness.strategy import Plan
+from algorithms.layer_search import LayerSearch
+from algorithms.layer_tables import LayerCostTables
+from harness.core.cluster import Cluster
+from harness.core.layergraph import LayerGraph
+from harness.core.strategy import Plan
 
 
 def start_config(tables: LayerCostTables) -> np.ndarray:
@@ -135,19 +136,28 @@ def mcmc(tables: LayerCostTables, seed: int, iterations: int, beta: float, patie
 class FlexFlowMCMC(LayerSearch):
     """FlexFlow's MCMC over layer configurations, started from data parallelism."""
 
-    def __init__(self, name: str = "flexflow_mcmc", iterations: int = 100_000, beta: float = 50.0,
-                 patience: int | None = None, budget_s: float | None = 600.0, **kw: Any) -> None:
-        super().__init__(name, iterations=iterations, beta=beta, patience=patience, budget_s=budget_s, **kw)
+    graph_kind = "layer"
+
+    def __init__(self, name: str = "flexflow_mcmc", seed: int = 0, space: str | None = None, product: str | None = None,
+                 cutoff: int | str | None = None, mapping: str | None = None, iterations: int = 100_000, beta: float = 50.0,
+                 patience: int | None = None, budget_s: float | None = 600.0, progress: bool = False) -> None:
+        super().__init__(name, seed=seed, space=space, product=product, cutoff=cutoff, mapping=mapping, progress=progress)
         self.iterations = int(iterations)
         self.beta = float(beta)
         self.patience = patience
-        self.budget_s = None if budget_s is None else float(budget_s)
+        self.budget_s = budget_s  # as configured, for describe()
+        self.budget_seconds = None if budget_s is None else float(budget_s)
+
+    def describe(self) -> dict[str, Any]:
+        """:class:`LayerSearch`'s parameters, then ``iterations``, ``beta``, ``patience``, ``budget_s``."""
+        return {**super().describe(), "iterations": self.iterations, "beta": self.beta, "patience": self.patience,
+                "budget_s": self.budget_s}
 
     def plan(self, graph: LayerGraph, cluster: Cluster, costs: Any) -> Plan:
         tables = self.tables(graph, cluster, costs)
         t0 = time.perf_counter()
-        idx, stats = mcmc(tables, self.seed, self.iterations, self.beta, self.patience, self.budget_s)
+        idx, stats = mcmc(tables, self.seed, self.iterations, self.beta, self.patience, self.budget_seconds)
         search_s = time.perf_counter() - t0
         complete = stats.pop("complete")
-        info = self.info(tables, idx, search_s, complete, search_budget_s=self.budget_s, samples=stats["iterations"], **stats)
+        info = self.info(tables, idx, search_s, complete, search_budget_s=self.budget_seconds, samples=stats["iterations"], **stats)
         return Plan(graph, tables.strategy(idx, algo=self.name), info=info)

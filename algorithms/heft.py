@@ -2,7 +2,7 @@
 
 1. Upward rank ``rank_u(i) = w-bar_i + max_{j in succ(i)} (c-bar_ij + rank_u(j))`` with
    mean computation and communication costs (Sec. 4.1, Eq. 4-5): the shared
-   :func:`algorithms.listsched.blevel` on :func:`~algorithms.listsched.static_costs`.
+   :func:`algorithms.sched.levels.blevel` on :func:`~algorithms.sched.levels.static_costs`.
 2. Tasks in decreasing rank_u (ties by node id; we take the highest-ranked *ready* task,
    which is the same list whenever ranks strictly decrease along edges and stays a valid
    order when zero-cost views make ranks equal).
@@ -23,20 +23,28 @@ from typing import Any
 import numpy as np
 
 from algorithms.base import Algorithm
-from algorithms.dps_common import SchedGraph, comm_fn, ready_list_schedule
-from algorithms.listsched import blevel, describe_timelines, order_from_starts
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import Plan, Strategy
+from algorithms.sched.engine import ready_list_schedule
+from algorithms.sched.levels import blevel
+from algorithms.sched.orders import order_from_starts
+from algorithms.sched.schedgraph import SchedGraph, comm_fn
+from algorithms.sched.timeline import describe_timelines
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import Plan, Strategy
 
 
 class HEFT(Algorithm):
     """Heterogeneous Earliest Finish Time; ``insertion=False`` appends after each device's last task."""
 
-    def __init__(self, name: str = "heft", insertion: bool = True, **kw: Any) -> None:
-        super().__init__(name, insertion=insertion, **kw)
+    graph_kind = "op"
+
+    def __init__(self, name: str = "heft", seed: int = 0, insertion: bool = True) -> None:
+        super().__init__(name, seed)
         self.insertion = bool(insertion)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "insertion": self.insertion}
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         sg = SchedGraph.from_opgraph(graph, cluster, costs)

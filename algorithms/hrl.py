@@ -24,10 +24,12 @@ step time of the placements they sample.  Following the paper and TensorFlow's
   log p_place); Adam, gradients clipped to norm ``grad_bound``.
 * The answer is the best placement sampled (TF keeps ``best_reward``).
 
-The environment.  HRL trains against *measured* runtimes.  Here the measurement is the
-harness's discrete-event simulator (:func:`simulators.simulate.simulate`) on the same
-cluster and cost model: the only algorithm that calls the simulator, because its paper
-trains on runs of the placements it proposes.  The sample budget (``samples``) and an
+The environment.  HRL trains against *measured* runtimes: ``environment(graph, strategy,
+cluster, costs)`` returns a result with ``step_time_s`` and ``oom`` for each sampled
+placement.  The registration (``conf/algo/hrl.yaml``) wires in the harness's discrete-event
+simulator on the same cluster and cost model (``simulators.simulate.simulate``); the
+algorithm itself never imports a simulator - its paper trains on runs of the placements it
+proposes, and any measurement with that signature will do.  The sample budget (``samples``) and an
 optional wall-clock budget come from the config; Plan.info reports the samples used, the
 budget and the wall time (the paper trains for hours; Celeritas quotes 5 h).
 
@@ -39,16 +41,33 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from algorithms.base import Algorithm, follow_colocation
-from algorithms.listsched import static_costs
-from harness.cluster import Cluster
-from harness.costs import CostModel, op_class
-from harness.graph import OpGraph
-from harness.strategy import Plan, Strategy
+from algorithms.base import Algorithm
+from algorithms.sched.constraints import follow_colocation
+from algorithms.sched.levels import static_costs
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel, op_class
+from harness.core.graph import OpGraph
+from harness.core.errors import UserError
+from harness.core.strategy import Plan, Strategy
+
+
+class Measurement(Protocol):
+    """What HRL reads of a measured placement."""
+
+    step_time_s: float
+    oom: bool
+
+
+#: HRL's environment: (graph, strategy, cluster, costs) -> a measurement of the strategy's step
+Environment = Callable[[OpGraph, Strategy, Cluster, CostModel], Measurement]
+
+
+class HRLError(UserError, ValueError):
+    """HRL cannot train: no environment to measure its placements in."""
 
 
 def op_features(graph: OpGraph, w: np.ndarray, mem: np.ndarray) -> np.ndarray:
@@ -170,11 +189,18 @@ class HierarchicalPolicy:
 
 
 class HRL(Algorithm):
-    """Hierarchical RL placer (grouper + placer, REINFORCE against the simulator)."""
+    """Hierarchical RL placer (grouper + placer, REINFORCE against the simulator).
+
+    ``progress`` shows a bar over the samples; it is not a parameter of the result (not in
+    :meth:`describe`).
+    """
+
+    graph_kind = "op"
 
     def __init__(
         self,
         name: str = "hrl",
+        seed: int = 0,
         samples: int = 64,
         samples_per_step: int = 4,
         time_budget_s: float | None = None,
@@ -185,25 +211,29 @@ class HRL(Algorithm):
         failing_signal: float = 100.0,
         grad_bound: float = 1.0,
         progress: bool = False,
-        **kw: Any,
+        environment: Environment | None = None,
     ) -> None:
         if int(samples) < 1 or int(samples_per_step) < 1:
             raise ValueError(f"{name}: samples and samples_per_step must be >= 1, got {samples}, {samples_per_step}")
-        super().__init__(
-            name, samples=int(samples), samples_per_step=int(samples_per_step), time_budget_s=time_budget_s, num_groups=num_groups,
-            hidden=int(hidden), lr=float(lr), baseline_decay=float(baseline_decay), failing_signal=float(failing_signal),
-            grad_bound=float(grad_bound), **kw,
-        )
+        super().__init__(name, seed)
         self.samples, self.k = int(samples), int(samples_per_step)
         self.time_budget_s = None if time_budget_s is None else float(time_budget_s)
         self.num_groups = num_groups
         self.hidden, self.lr = int(hidden), float(lr)
         self.bl_dec, self.failing_signal, self.grad_bound = float(baseline_decay), float(failing_signal), float(grad_bound)
         self.progress = bool(progress)
+        self.environment = environment
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "samples": self.samples, "samples_per_step": self.k, "time_budget_s": self.time_budget_s,
+                "num_groups": self.num_groups, "hidden": self.hidden, "lr": self.lr, "baseline_decay": self.bl_dec,
+                "failing_signal": self.failing_signal, "grad_bound": self.grad_bound}
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
-        from simulators.simulate import simulate  # the environment (see the module docstring)
-
+        if self.environment is None:
+            raise HRLError(f"{self.name} trains on measured step times and has no environment to measure them: set "
+                           "algo.environment (conf/algo/hrl.yaml wires in the simulator) or pass environment=simulate")
+        simulate = self.environment
         t_start = time.perf_counter()
         rng = np.random.default_rng(self.seed)
         n, D = graph.num_nodes, cluster.num_devices

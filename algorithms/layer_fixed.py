@@ -27,10 +27,11 @@ import numpy as np
 
 from algorithms.base import Algorithm
 from algorithms.layer_costs import evaluate
-from harness.cluster import Cluster
-from harness.layer_shards import shard_devices
-from harness.layergraph import LayerGraph
-from harness.strategy import ParallelConfig, Plan, Strategy, StrategyError
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.layer_shards import shard_devices
+from harness.core.layergraph import LayerGraph
+from harness.core.strategy import ParallelConfig, Plan, Strategy, StrategyError
 
 CONV_POOL = frozenset({"conv1d", "conv2d", "conv3d", "pool1d", "pool2d", "pool3d"})
 
@@ -88,15 +89,22 @@ def owt_dims(lg: LayerGraph, n: int) -> list[dict[str, int]]:
 
 
 class _Fixed(Algorithm):
+    """A fixed strategy: ``rule(graph, n)``'s degrees on ``devices`` devices (``None``: the
+    cluster's), shards mapped by ``mapping``; reports its own objective."""
+
     graph_kind = "layer"
     rule = staticmethod(model_parallel_dims)
 
-    def __init__(self, name: str, devices: int | None = None, mapping: str = "linear", **kw: Any) -> None:
-        super().__init__(name, devices=devices, mapping=mapping, **kw)
+    def __init__(self, name: str, seed: int = 0, devices: int | None = None, mapping: str = "linear") -> None:
+        super().__init__(name, seed)
         self.devices = devices
         self.mapping = mapping
 
-    def plan(self, graph: LayerGraph, cluster: Cluster, costs: Any) -> Plan:
+    def describe(self) -> dict[str, Any]:
+        """The name, the seed, ``devices`` and ``mapping``."""
+        return {**super().describe(), "devices": self.devices, "mapping": self.mapping}
+
+    def plan(self, graph: LayerGraph, cluster: Cluster, costs: CostModel) -> Plan:
         if not isinstance(graph, LayerGraph):
             raise TypeError(f"{self.name} is a layer-graph strategy (graph_kind 'layer'), got {type(graph).__name__}")
         n = cluster.num_devices if self.devices is None else int(self.devices)
@@ -110,16 +118,18 @@ class _Fixed(Algorithm):
 class ModelParallel(_Fixed):
     """Channel degree N on every layer."""
 
+    graph_kind = "layer"
     rule = staticmethod(model_parallel_dims)
 
-    def __init__(self, name: str = "model_parallel", **kw: Any) -> None:
-        super().__init__(name, **kw)
+    def __init__(self, name: str = "model_parallel", seed: int = 0, devices: int | None = None, mapping: str = "linear") -> None:
+        super().__init__(name, seed, devices, mapping)
 
 
 class OWT(_Fixed):
     """Krizhevsky's one weird trick: DP for conv and pool, MP for fully-connected layers."""
 
+    graph_kind = "layer"
     rule = staticmethod(owt_dims)
 
-    def __init__(self, name: str = "owt", **kw: Any) -> None:
-        super().__init__(name, **kw)
+    def __init__(self, name: str = "owt", seed: int = 0, devices: int | None = None, mapping: str = "linear") -> None:
+        super().__init__(name, seed, devices, mapping)

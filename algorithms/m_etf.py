@@ -6,8 +6,8 @@ repeats.  Baechi adds memory: a device is eligible for an op only if its free me
 holds the op; an op's output is allocated when it is scheduled and freed once all its
 consumers have run; parameters stay resident; a co-location group goes where its first
 member goes, and the first member needs room for the whole group.  The engine is
-:func:`algorithms.memplace.etf_schedule`; costs are the static w_i and c_ij of
-:func:`algorithms.listsched.static_costs` (Baechi profiles each op and fits transfer
+:func:`algorithms.sched.etf.etf_schedule`; costs are the static w_i and c_ij of
+:func:`algorithms.sched.levels.static_costs` (Baechi profiles each op and fits transfer
 times linearly in bytes, which is what the cost model gives here).  Ties go to the op
 earlier in Baechi's BFS topological order.
 
@@ -18,27 +18,29 @@ the memory check, so that the simulator can still judge the strategy, and report
 a run as OOM.
 
 The schedule order handed to the simulator is the ETF schedule itself
-(:func:`algorithms.listsched.order_from_starts` on the start times).
+(:func:`algorithms.sched.orders.order_from_starts` on the start times).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from algorithms.base import Algorithm, bfs_topological_order
-from algorithms.listsched import order_from_starts, static_costs
-from algorithms.memplace import etf_schedule, memory_split, positions
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import Plan, Strategy
+from algorithms.base import Algorithm
+from algorithms.sched.constraints import memory_split
+from algorithms.sched.etf import etf_schedule
+from algorithms.sched.levels import static_costs
+from algorithms.sched.orders import bfs_topological_order, order_from_starts, positions
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import Plan, Strategy
 
 
 class METF(Algorithm):
     """Baechi's m-ETF."""
 
-    def __init__(self, name: str = "m_etf", **kw: Any) -> None:
-        super().__init__(name, **kw)
+    graph_kind = "op"
+
+    def __init__(self, name: str = "m_etf", seed: int = 0) -> None:
+        super().__init__(name, seed)
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         w, c = static_costs(graph, cluster, costs)

@@ -23,7 +23,7 @@ of i; conflicts left by the rounding (Baechi's TODO) are resolved greedily by in
 x_ij, then decreasing c_ij, so every node keeps at most one favourite child and one
 favourite parent.
 
-The schedule is :func:`algorithms.memplace.etf_schedule` with the favourite children:
+The schedule is :func:`algorithms.sched.etf.etf_schedule` with the favourite children:
 memory, co-location and the out-of-memory report are as in m-ETF (``placement_oom``).
 """
 
@@ -36,13 +36,15 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from algorithms.base import Algorithm, bfs_topological_order
-from algorithms.listsched import order_from_starts, static_costs
-from algorithms.memplace import etf_schedule, memory_split, positions
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import Plan, Strategy
+from algorithms.base import Algorithm
+from algorithms.sched.constraints import memory_split
+from algorithms.sched.etf import etf_schedule
+from algorithms.sched.levels import static_costs
+from algorithms.sched.orders import bfs_topological_order, order_from_starts, positions
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import Plan, Strategy
 
 
 def favourite_child_lp(graph: OpGraph, w: np.ndarray, c: np.ndarray, time_limit_s: float | None = None) -> tuple[np.ndarray, float, str]:
@@ -118,12 +120,17 @@ def round_favourites(graph: OpGraph, x: np.ndarray, c: np.ndarray, threshold: fl
 class MSCT(Algorithm):
     """Baechi's m-SCT: favourite children from the LP relaxation (HiGHS), then m-ETF that waits for them."""
 
-    def __init__(self, name: str = "m_sct", threshold: float = 0.5, lp_time_limit_s: float | None = None, **kw: Any) -> None:
+    graph_kind = "op"
+
+    def __init__(self, name: str = "m_sct", seed: int = 0, threshold: float = 0.5, lp_time_limit_s: float | None = None) -> None:
         if not 0.0 <= float(threshold) <= 1.0:
             raise ValueError(f"{name}: threshold must be in [0, 1], got {threshold}")
-        super().__init__(name, threshold=float(threshold), lp_time_limit_s=lp_time_limit_s, **kw)
+        super().__init__(name, seed)
         self.threshold = float(threshold)
         self.lp_time_limit_s = lp_time_limit_s
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "threshold": self.threshold, "lp_time_limit_s": self.lp_time_limit_s}
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         w, c = static_costs(graph, cluster, costs)

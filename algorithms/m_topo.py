@@ -15,46 +15,51 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, bfs_topological_order
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import Plan, Strategy
+from algorithms.base import Algorithm
+from algorithms.sched.constraints import Colocation, SequentialFill, StaticMemory
+from algorithms.sched.orders import bfs_topological_order
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import Plan, Strategy
+
+#: m-TOPO's co-location accounting -> the group rule of :class:`StaticMemory`
+COLOC_MEMORY = {"first": "first", "all": "whole"}
 
 
 class MTopo(Algorithm):
-    def __init__(self, name: str = "m_topo", coloc_memory: str = "first", **kw: Any) -> None:
-        if coloc_memory not in ("first", "all"):
+    """Baechi's m-TOPO: fill devices in BFS topological order up to ``total / devices + largest op``."""
+
+    graph_kind = "op"
+
+    def __init__(self, name: str = "m_topo", seed: int = 0, coloc_memory: str = "first") -> None:
+        if coloc_memory not in COLOC_MEMORY:
             raise ValueError(f"m_topo.coloc_memory must be 'first' or 'all', got {coloc_memory!r}")
-        super().__init__(name, coloc_memory=coloc_memory, **kw)
+        super().__init__(name, seed)
         self.coloc_memory = coloc_memory
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "coloc_memory": self.coloc_memory}
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         n, D = graph.num_nodes, cluster.num_devices
         mem = costs.memory(graph).astype(np.float64)
         cap = cluster.mem_capacity.astype(np.float64)
         fill_to = np.minimum(cap, mem.sum() / D + (mem.max() if n else 0.0))
-        group_mem = np.zeros(0)
-        if (graph.coloc >= 0).any():
-            group_mem = np.bincount(graph.coloc[graph.coloc >= 0], weights=mem[graph.coloc >= 0])
-        coloc = graph.coloc.tolist()
+        # later members ride with their group: under "all" their memory was counted with the
+        # first member, under "first" (Baechi) it is not counted at all
+        memory = StaticMemory(Colocation(graph.coloc), mem, fill_to, COLOC_MEMORY[self.coloc_memory])
+        fill = SequentialFill(memory, overflow="last")
         device = np.full(n, -1, dtype=np.int64)
-        group_dev: dict[int, int] = {}
         used = np.zeros(D)
-        d = 0
         for v in bfs_topological_order(graph).tolist():
-            g = coloc[v]
-            if g >= 0 and g in group_dev:
-                # later members ride with the group: under "all" their memory was counted
-                # with the first member, under "first" (Baechi) it is not counted at all
-                device[v] = group_dev[g]
+            p = memory.coloc.pinned(v)
+            if p >= 0:
+                device[v] = memory.place(v, p)
                 continue
-            need = group_mem[g] if (g >= 0 and self.coloc_memory == "all") else mem[v]
-            while d < D - 1 and used[d] + need > fill_to[d]:
-                d += 1
-            device[v] = d
+            need = memory.need(v)
+            d = fill.device(need)
+            device[v] = memory.place(v, d)
             used[d] += need
-            if g >= 0:
-                group_dev[g] = d
         order = np.arange(n)
         return Plan(graph, Strategy.placement(device, order), info={"fill_to_bytes": fill_to.tolist(), "planned_bytes": used.tolist()})

@@ -2,7 +2,7 @@
 partition of the operator graph into as many parts as devices with pymetis, minimising
 the edge cut under a balance constraint.
 
-* Vertex weights are compute times w_i (:func:`algorithms.listsched.static_costs`),
+* Vertex weights are compute times w_i (:func:`algorithms.sched.levels.static_costs`),
   edge weights are the bytes an edge moves; the graph is made undirected (METIS needs
   both directions).  METIS takes positive integers: weights are scaled so that the
   largest is ``weight_scale`` and rounded up to at least 1 (views and getitem, which
@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from algorithms.base import Algorithm
-from algorithms.listsched import static_costs
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import Plan, Strategy
+from algorithms.sched.levels import static_costs
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import Plan, Strategy
 
 
 def _scaled(x: np.ndarray, top: int) -> np.ndarray:
@@ -105,12 +105,17 @@ class Metis(Algorithm):
     """k-way Metis partition of the co-location quotient graph: vertex weight = compute time,
     edge weight = bytes (each summed over what a vertex or edge contracts)."""
 
-    def __init__(self, name: str = "metis", ufactor: int = 30, weight_scale: int = 100000, **kw: Any) -> None:
+    graph_kind = "op"
+
+    def __init__(self, name: str = "metis", seed: int = 0, ufactor: int = 30, weight_scale: int = 100000) -> None:
         if int(ufactor) < 1:
             raise ValueError(f"{name}: ufactor must be >= 1 (thousandths of imbalance), got {ufactor}")
-        super().__init__(name, ufactor=int(ufactor), weight_scale=int(weight_scale), **kw)
+        super().__init__(name, seed)
         self.ufactor = int(ufactor)
         self.weight_scale = int(weight_scale)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "ufactor": self.ufactor, "weight_scale": self.weight_scale}
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         w, _ = static_costs(graph, cluster, costs)

@@ -30,12 +30,13 @@ from typing import Any
 import numpy as np
 
 from algorithms.base import Algorithm
-from algorithms.dps_common import SchedGraph, comm_fn, expand_group_starts, ready_list_schedule
-from algorithms.listsched import order_from_starts
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import OpGraph
-from harness.strategy import Plan, Strategy
+from algorithms.sched.engine import expand_group_starts, ready_list_schedule
+from algorithms.sched.orders import order_from_starts
+from algorithms.sched.schedgraph import SchedGraph, comm_fn
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import OpGraph
+from harness.core.strategy import Plan, Strategy
 
 
 def merge_groups(sg: SchedGraph, merge_ratio: float) -> np.ndarray:
@@ -81,12 +82,17 @@ def optimistic_cost_table(sg: SchedGraph) -> np.ndarray:
 class MPDPS(Algorithm):
     """MP-DPS: merge light operators into their consumer, then PEFT-style list scheduling."""
 
-    def __init__(self, name: str = "mp_dps", merge_ratio: float = 1.0, insertion: bool = True, **kw: Any) -> None:
-        super().__init__(name, merge_ratio=merge_ratio, insertion=insertion, **kw)
+    graph_kind = "op"
+
+    def __init__(self, name: str = "mp_dps", seed: int = 0, merge_ratio: float = 1.0, insertion: bool = True) -> None:
+        super().__init__(name, seed)
         if merge_ratio < 0:
             raise ValueError(f"mp_dps.merge_ratio must be >= 0, got {merge_ratio}")
         self.merge_ratio = float(merge_ratio)
         self.insertion = bool(insertion)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "merge_ratio": self.merge_ratio, "insertion": self.insertion}
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         sg = SchedGraph.from_opgraph(graph, cluster, costs)

@@ -47,9 +47,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from algorithms.base import derived_meta
-from harness.graph import BATCHED, PARTIAL, REPLICATED, OpGraph, edges_from_pairs
-from harness.kernels import GEMM, MEM, NCOLS, KernelTable
-from harness.precision import FP32
+from harness.core.graph import BATCHED, PARTIAL, REPLICATED, OpGraph, edges_from_pairs
+from harness.core.kernels import GEMM, MEM, NCOLS, KernelTable
+from harness.core.precision import FP32
 
 #: op targets FD-DPS splits (Table 7: Conv2D, Conv2Dbp, MatMul)
 DEFAULT_SPLIT_OPS: tuple[str, ...] = (
@@ -124,7 +124,7 @@ def split_dim_of(graph: OpGraph, v: int, dim: str = "auto", axes: Sequence[int] 
     """How node v can be split under ``dim``: ``"batch"``, ``"channel"`` or None.
 
     A ``partial`` op splits along the batch only when its work shrinks with the batch
-    (:meth:`~harness.graph.OpGraph.batch_scaled`: it reads a batched tensor); ``scaled`` is
+    (:meth:`~harness.core.graph.OpGraph.batch_scaled`: it reads a batched tensor); ``scaled`` is
     that array when the caller has it (worked out here, for a partial node, otherwise)."""
     axes = _batch_axis(graph) if axes is None else axes
     role = int(graph.batch_role[v])

@@ -35,10 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.layer_costs import LayerCostTables, LayerSearch
-from harness.cluster import Cluster
-from harness.layergraph import LayerGraph
-from harness.strategy import Plan
+from algorithms.layer_search import LayerSearch
+from algorithms.layer_tables import LayerCostTables
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.layergraph import LayerGraph
+from harness.core.strategy import Plan
 
 #: largest [Ci, Cj, Ck] block a node elimination materialises at once (entries)
 _BLOCK = 1 << 24
@@ -146,21 +148,36 @@ def branch_and_bound(order: list[int], node_cost: dict[int, np.ndarray], edges: 
 
 
 class OptCNN(LayerSearch):
-    """OptCNN Algorithm 1 (node + edge elimination, enumeration, undo)."""
+    """OptCNN Algorithm 1 (node + edge elimination, enumeration, undo).
 
-    def __init__(self, name: str = "optcnn", enum_limit: int = 10_000_000, budget_s: float | None = 600.0,
-                 eliminate_leaves: bool = False, **kw: Any) -> None:
-        super().__init__(name, enum_limit=enum_limit, budget_s=budget_s, eliminate_leaves=eliminate_leaves, **kw)
+    ``enum_limit``: the final graph is enumerated when it has at most this many strategies,
+    else searched by branch and bound within ``budget_s`` seconds (``None``: no budget);
+    ``eliminate_leaves``: our extension, single-neighbour nodes folded too. The space options
+    are :class:`LayerSearch`'s.
+    """
+
+    graph_kind = "layer"
+
+    def __init__(self, name: str = "optcnn", seed: int = 0, space: str | None = None, product: str | None = None,
+                 cutoff: int | str | None = None, mapping: str | None = None, enum_limit: int = 10_000_000,
+                 budget_s: float | None = 600.0, eliminate_leaves: bool = False, progress: bool = False) -> None:
+        super().__init__(name, seed, space, product, cutoff, mapping, progress)
         self.enum_limit = int(enum_limit)
-        self.budget_s = None if budget_s is None else float(budget_s)
+        self.budget_s = budget_s  # as configured, for describe()
+        self.budget_seconds = None if budget_s is None else float(budget_s)
         self.eliminate_leaves = bool(eliminate_leaves)
 
-    def plan(self, graph: LayerGraph, cluster: Cluster, costs: Any) -> Plan:
+    def describe(self) -> dict[str, Any]:
+        """:class:`LayerSearch`'s parameters, then ``enum_limit``, ``budget_s``, ``eliminate_leaves``."""
+        return {**super().describe(), "enum_limit": self.enum_limit, "budget_s": self.budget_s,
+                "eliminate_leaves": self.eliminate_leaves}
+
+    def plan(self, graph: LayerGraph, cluster: Cluster, costs: CostModel) -> Plan:
         tables = self.tables(graph, cluster, costs)
         t0 = time.perf_counter()
         idx, stats = self.search(tables)
         search_s = time.perf_counter() - t0
-        info = self.info(tables, idx, search_s, stats.pop("complete"), search_budget_s=self.budget_s, **stats)
+        info = self.info(tables, idx, search_s, stats.pop("complete"), search_budget_s=self.budget_seconds, **stats)
         return Plan(graph, tables.strategy(idx, algo=self.name), info=info)
 
     def search(self, tables: LayerCostTables) -> tuple[np.ndarray, dict[str, Any]]:
@@ -251,7 +268,7 @@ class OptCNN(LayerSearch):
                 idx[v] = int(best[a])
             enumerated = "exhaustive"
         else:
-            assign, _, complete, _ = branch_and_bound(final, {v: ncost[v] for v in final}, E, self.budget_s)
+            assign, _, complete, _ = branch_and_bound(final, {v: ncost[v] for v in final}, E, self.budget_seconds)
             for v, c in assign.items():
                 idx[v] = c
             enumerated = "branch_and_bound"
@@ -269,19 +286,29 @@ class OptCNN(LayerSearch):
 
 
 class OptCNNDFS(LayerSearch):
-    """OptCNN Table 3's baseline: exhaustive depth-first search with pruning, under a time budget."""
+    """OptCNN Table 3's baseline: exhaustive depth-first search with pruning, under a time
+    budget of ``budget_s`` seconds. The space options are :class:`LayerSearch`'s."""
 
-    def __init__(self, name: str = "optcnn_dfs", budget_s: float = 60.0, **kw: Any) -> None:
-        super().__init__(name, budget_s=budget_s, **kw)
-        self.budget_s = float(budget_s)
+    graph_kind = "layer"
 
-    def plan(self, graph: LayerGraph, cluster: Cluster, costs: Any) -> Plan:
+    def __init__(self, name: str = "optcnn_dfs", seed: int = 0, space: str | None = None, product: str | None = None,
+                 cutoff: int | str | None = None, mapping: str | None = None, budget_s: float = 60.0,
+                 progress: bool = False) -> None:
+        super().__init__(name, seed, space, product, cutoff, mapping, progress)
+        self.budget_s = budget_s  # as configured, for describe()
+        self.budget_seconds = float(budget_s)
+
+    def describe(self) -> dict[str, Any]:
+        """:class:`LayerSearch`'s parameters, then ``budget_s``."""
+        return {**super().describe(), "budget_s": self.budget_s}
+
+    def plan(self, graph: LayerGraph, cluster: Cluster, costs: CostModel) -> Plan:
         tables = self.tables(graph, cluster, costs)
         t0 = time.perf_counter()
         order = list(range(tables.num_nodes))  # node ids are a topological order
         assign, _, complete, expanded = branch_and_bound(
-            order, dict(enumerate(tables.node_cost)), tables.merged_edges(), self.budget_s)
+            order, dict(enumerate(tables.node_cost)), tables.merged_edges(), self.budget_seconds)
         search_s = time.perf_counter() - t0
         idx = np.array([assign[v] for v in order], dtype=np.int64)
-        info = self.info(tables, idx, search_s, complete, search_budget_s=self.budget_s, expanded=expanded)
+        info = self.info(tables, idx, search_s, complete, search_budget_s=self.budget_seconds, expanded=expanded)
         return Plan(graph, tables.strategy(idx, algo=self.name), info=info)

@@ -38,10 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.layer_costs import LayerCostTables, LayerSearch
-from harness.cluster import Cluster
-from harness.layergraph import LayerGraph
-from harness.strategy import Plan
+from algorithms.layer_search import LayerSearch
+from algorithms.layer_tables import LayerCostTables
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.layergraph import LayerGraph
+from harness.core.strategy import Plan
 
 
 class TableTooLarge(MemoryError):
@@ -206,18 +208,31 @@ def _best_config(v: int, parts: list[tuple[tuple[int, ...], np.ndarray]], idx: n
 
 
 class PaSE(LayerSearch):
-    """PaSE's vertex elimination (Alg. 1-3) with numpy table joins."""
+    """PaSE's vertex elimination (Alg. 1-3) with numpy table joins.
 
-    def __init__(self, name: str = "pase", max_entries: int = 1 << 28, block_entries: int = 1 << 23,
-                 dtype: str = "float64", **kw: Any) -> None:
+    ``max_entries``: the largest factor it builds (:class:`TableTooLarge` beyond);
+    ``block_entries``: the slice a join is computed in; ``dtype`` of the joins: float64 or
+    float32 (:func:`vertex_elimination`). The space options are :class:`LayerSearch`'s.
+    """
+
+    graph_kind = "layer"
+
+    def __init__(self, name: str = "pase", seed: int = 0, space: str | None = None, product: str | None = None,
+                 cutoff: int | str | None = None, mapping: str | None = None, max_entries: int = 1 << 28,
+                 block_entries: int = 1 << 23, dtype: str = "float64", progress: bool = False) -> None:
         if dtype not in ("float64", "float32"):
             raise ValueError(f"pase: dtype must be float64 or float32, got {dtype!r}")
-        super().__init__(name, max_entries=max_entries, block_entries=block_entries, dtype=dtype, **kw)
+        super().__init__(name, seed, space, product, cutoff, mapping, progress)
         self.max_entries = int(max_entries)
         self.block_entries = int(block_entries)
         self.dtype = np.dtype(dtype)
 
-    def plan(self, graph: LayerGraph, cluster: Cluster, costs: Any) -> Plan:
+    def describe(self) -> dict[str, Any]:
+        """:class:`LayerSearch`'s parameters, then ``max_entries``, ``block_entries``, ``dtype``."""
+        return {**super().describe(), "max_entries": self.max_entries, "block_entries": self.block_entries,
+                "dtype": self.dtype.name}
+
+    def plan(self, graph: LayerGraph, cluster: Cluster, costs: CostModel) -> Plan:
         tables = self.tables(graph, cluster, costs)
         t0 = time.perf_counter()
         idx, _, stats = vertex_elimination(tables, self.max_entries, self.block_entries, self.progress, self.dtype)

@@ -8,7 +8,7 @@ model with a sequential, memory-filled placement (DFS-TOPO order, Sec. 4.2.2, wi
 predicted memory) and run it for a few iterations to get the accurate figures.  Table 5
 and Fig. 5 report the relative deviation |estimate - accurate| / accurate per node.
 
-Written against the :class:`harness.costs.CostModel` interface, so the same code serves
+Written against the :class:`harness.core.costs.CostModel` interface, so the same code serves
 the analytical model now and a profiled one later:
 
 * "running the model at batch b" = capturing the graph at batch b (fake tensors: cheap)
@@ -38,10 +38,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from algorithms.memplace import dfs_topo_order, sequential_fill
-from harness.costs import CostModel
-from harness.errors import UserError
-from harness.graph import OpGraph
+from algorithms.sched.constraints import sequential_fill
+from algorithms.sched.orders import dfs_topo_order, positions
+from harness.core.costs import CostModel
+from harness.core.errors import UserError
+from harness.core.graph import OpGraph
 
 
 class StandardEvaluationError(UserError, ValueError):
@@ -188,9 +189,7 @@ def standard_evaluation(
         time_acc[sel] = costs.node_times(big, d)[sel]
     measured: dict[str, Any] = {}
     if measure is not None:
-        order = np.empty(big.num_nodes, dtype=np.int64)
-        order[seq] = np.arange(big.num_nodes)
-        measured = dict(measure(big, placement, order))
+        measured = dict(measure(big, placement, positions(seq)))
     return StandardEvaluation(
         model=str(source.name), batch=B, small_batches=bs, mem_samples=M, time_samples=T, mem_fit=mf, time_fit=tf,
         mem_est=mem_est, time_est=time_est, placement=placement, mem_acc=mem_acc, time_acc=time_acc, graph=big, measured=measured,

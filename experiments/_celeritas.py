@@ -6,10 +6,10 @@ model once per process."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from experiments.common import compose, output_dir
+from experiments.common import experiment_args, models_of
+from harness.compose import compose
 from harness.run import build
 
 #: Celeritas Sec. 6.2.1: the four models, their batch sizes, 4 x V100 32 GB on PCIe
@@ -58,27 +58,18 @@ PAPER_FIG6: dict[str, dict[str, float | None | str]] = {
 }
 
 
-def common_args(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=f"python -m experiments {prog}", description=doc)
-    ap.add_argument("--quick", action="store_true", help="small models and batches (seconds), for tests")
-    ap.add_argument("--models", nargs="*", default=None, help="model:batch pairs (default: the paper's four)")
+def cli(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of a Celeritas experiment (:func:`experiments.common.experiment_args`), with ``--cluster``."""
+    ap = experiment_args(name, doc, "celeritas", quick="small models and batches (seconds), for tests", models="the paper's four",
+                         batch="the paper's batch size for its four, else the model's own")
     ap.add_argument("--cluster", default=CLUSTER)
-    ap.add_argument("--out", default=None, help="output dir (default results/celeritas; --quick: outputs/experiments_quick/celeritas)")
     return ap
 
 
-def models_of(a: argparse.Namespace, quick: list[tuple[str, int]] | None = None) -> list[tuple[str, int]]:
-    if a.models:
-        out = []
-        for mb in a.models:
-            m, _, b = mb.partition(":")
-            out.append((m, int(b) if b else int(dict(MODELS).get(m, 0)) or 0))
-        return out
-    return (quick or QUICK_MODELS) if a.quick else MODELS
-
-
-def out_dir(a: argparse.Namespace) -> Path:
-    return output_dir(a, "celeritas")
+def models_to_run(a: argparse.Namespace, quick: list[tuple[str, int]] | None = None) -> list[tuple[str, int]]:
+    """The (model, batch) pairs of a run: ``--models``, else ``quick`` (default :data:`QUICK_MODELS`)
+    for ``--quick``, else the paper's four; batch 0 is the model's own."""
+    return [(m, int(b)) for m, b in models_of(a, MODELS, quick or QUICK_MODELS, dict(MODELS), 0)]
 
 
 def load(model: str, batch: int, cluster: str, extra: list[str] | None = None) -> tuple[Any, Any, Any, Any, Any]:

@@ -13,7 +13,8 @@ from typing import Any
 from hydra.utils import instantiate
 from tqdm import tqdm
 
-from experiments.common import compose, output_dir
+from experiments.common import experiment_args, models_of
+from harness.compose import compose
 from harness.run import build
 
 #: FD-DPS Table 3 / 5: the six models and their batch sizes; the testbed is 8 P100 in one server
@@ -88,26 +89,15 @@ OP_NAMES = {"aten.convolution.default": "Conv2D", "aten.convolution_backward.def
 SECTIONS = ["table3", "table5", "table7", "fig4", "fig5"]
 
 
-def common_args(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=f"python -m experiments {prog}", description=doc)
-    ap.add_argument("--quick", action="store_true", help="small models and batches (seconds), for tests")
-    ap.add_argument("--models", nargs="*", default=None, help="model:batch pairs (default: the paper's six)")
-    ap.add_argument("--out", default=None, help="output dir (default results/fddps; --quick: outputs/experiments_quick/fddps)")
-    return ap
+def cli(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of an FD-DPS experiment (:func:`experiments.common.experiment_args`)."""
+    return experiment_args(name, doc, "fddps", quick="small models and batches (seconds), for tests", models="the paper's six",
+                           batch="the paper's batch size for its six, else 32")
 
 
-def models_of(a: argparse.Namespace, full: list[tuple[str, int]] | None = None) -> list[tuple[str, int]]:
-    if a.models:
-        out = []
-        for mb in a.models:
-            m, _, b = mb.partition(":")
-            out.append((m, int(b) if b else dict(MODELS).get(m, 32)))
-        return out
-    return QUICK_MODELS if a.quick else (full or MODELS)
-
-
-def out_dir(a: argparse.Namespace) -> Path:
-    return output_dir(a, "fddps")
+def models_to_run(a: argparse.Namespace, full: list[tuple[str, int]] | None = None) -> list[tuple[str, int]]:
+    """The (model, batch) pairs of a run: ``--models``, else the quick ones, else ``full`` (the paper's six)."""
+    return [(m, int(b)) for m, b in models_of(a, full or MODELS, QUICK_MODELS, dict(MODELS), 32)]
 
 
 def load(model: str, batch: int, cluster: str = CLUSTER, granularity: str = "aten") -> tuple[Any, Any, Any, Any]:

@@ -2,7 +2,7 @@
 
 A *problem* is (layer graph, cluster, cost model), built from the same Hydra config a
 ``python -m harness`` job would use, with the cluster optionally cut to its first k devices
-(:meth:`harness.cluster.Cluster.subset`, OptCNN Fig. 7's 1..16 GPU points). ``run`` gives one
+(:meth:`harness.core.cluster.Cluster.subset`, OptCNN Fig. 7's 1..16 GPU points). ``run`` gives one
 result row per (problem, algorithm): its own objective (``objective_s``) and the event
 simulator's step time, bytes moved and memory, as ``python -m harness`` would.
 """
@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from experiments.common import compose
-from harness.cluster import Cluster
-from harness.layergraph import LayerGraph
+from harness.compose import compose
+from harness.core.cluster import Cluster
+from harness.core.layergraph import LayerGraph
 from harness.run import build
 
 _GRAPHS: dict[str, LayerGraph] = {}
 
-#: the RNNLM as PaSE's own graph has it: one LSTM operator (harness/zoo/rnnlm_lstm.py)
-RNNLM_LSTM = ["model.module._target_=harness.zoo.rnnlm_lstm.rnnlm_lstm", "model.name=rnnlm_lstm"]
+#: the RNNLM as PaSE's own graph has it: one LSTM operator (harness/core/zoo/rnnlm_lstm.py)
+RNNLM_LSTM = ["model.module._target_=harness.core.zoo.rnnlm_lstm.rnnlm_lstm", "model.name=rnnlm_lstm"]
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """Celeritas Table 2: number of nodes and CCR (Eq. 1) before and after Optimal Operation Fusion.
 
 CCR = sum of c_ij over edges / sum of w_i over nodes, with w_i and c_ij the static costs
-Celeritas plans with (:func:`algorithms.listsched.static_costs` on the cluster: every
+Celeritas plans with (:func:`algorithms.sched.levels.static_costs` on the cluster: every
 edge as if it crossed devices).  After merging, a coarse edge costs the distinct tensors
 crossing between two clusters and a cluster's w is the sum of its members'
 (:func:`algorithms.celeritas.coarsen` with R = 200, M = 0.25 x device memory).
@@ -17,19 +17,19 @@ import pandas as pd
 from tqdm import tqdm
 
 from algorithms.celeritas import Celeritas
-from algorithms.memplace import ccr
-from experiments._celeritas import PAPER_TABLE2, common_args, load, models_of, out_dir
-from experiments.common import HATCHES, print_table, style
+from algorithms.sched.levels import ccr
+from experiments._celeritas import PAPER_TABLE2, cli, load, models_to_run
+from experiments.common import HATCHES, output_dir, print_table, style
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("celeritas_table2", __doc__)
+    ap = cli("celeritas_table2", __doc__)
     ap.add_argument("--R", type=int, default=200, help="Optimal_BP's exploration range")
     ap.add_argument("--M", type=float, default=0.25, help="cluster memory cap, fraction of one device's memory")
     a = ap.parse_args(argv)
-    out = out_dir(a)
+    out = output_dir(a)
     rows = []
-    for model, batch in tqdm(models_of(a), desc="table 2", unit="model"):
+    for model, batch in tqdm(models_to_run(a), desc="table 2", unit="model"):
         _, g, cl, costs, _ = load(model, batch, a.cluster)
         t0 = time.perf_counter()
         co, w, c = Celeritas(R=a.R, M=a.M).coarsen(g, cl, costs)

@@ -13,7 +13,7 @@ cap (``--hrl-time``) per model; the paper quotes 5 hours of training from Mars.
 
 ``--colocate-gradients`` reruns the table with every module's backward ops co-located
 with its forward ops (TensorFlow's ``colocate_gradients_with_ops``, which the TF setups
-of the papers can use; :func:`harness.capture.colocate_gradients`): the captured
+of the papers can use; :func:`harness.core.capture.colocate_gradients`): the captured
 graph only ties a parameter's view, gradient and update together.
 """
 
@@ -34,10 +34,10 @@ from algorithms.hrl import HRL
 from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT
 from algorithms.m_topo import MTopo
-from harness.capture import colocate_gradients
+from harness.core.capture import colocate_gradients
 from algorithms.metis_place import Metis
-from experiments._celeritas import PAPER_SPEEDUP, PAPER_TABLE3, TABLE3_ALGOS, common_args, fmt_paper, load, models_of, out_dir
-from experiments.common import print_table, style
+from experiments._celeritas import PAPER_SPEEDUP, PAPER_TABLE3, TABLE3_ALGOS, cli, fmt_paper, load, models_to_run
+from experiments.common import output_dir, print_table, style
 from simulators.simulate import simulate
 
 REFERENCE = ["single_device", "dfs_topo"]
@@ -49,7 +49,7 @@ def make_algos(hrl_samples: int, hrl_time: float | None, seed: int) -> dict[str,
         "m_topo": MTopo(seed=seed),
         "m_etf": METF(seed=seed),
         "m_sct": MSCT(seed=seed),
-        "hrl": HRL(samples=hrl_samples, samples_per_step=8, time_budget_s=hrl_time, seed=seed, progress=True),
+        "hrl": HRL(samples=hrl_samples, samples_per_step=8, time_budget_s=hrl_time, seed=seed, progress=True, environment=simulate),
         "order_place": Celeritas(name="order_place", adjust=False, seed=seed),
         "celeritas": Celeritas(seed=seed),
         "single_device": SingleDevice(seed=seed),
@@ -99,7 +99,7 @@ def speedup(by: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("celeritas_table3", __doc__)
+    ap = cli("celeritas_table3", __doc__)
     ap.add_argument("--hrl-samples", type=int, default=None, help="HRL sample budget per model (default 2000; --quick 16)")
     ap.add_argument("--hrl-time", type=float, default=None, help="HRL wall-clock cap per model in seconds (default 600)")
     ap.add_argument("--seed", type=int, default=0)
@@ -108,14 +108,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="co-locate every module's backward ops with its forward ops (TF's colocate_gradients_with_ops); outputs get a _gradcoloc suffix")
     a = ap.parse_args(argv)
     sfx = "_gradcoloc" if a.colocate_gradients else ""
-    out = out_dir(a)
+    out = output_dir(a)
     hrl_samples = a.hrl_samples or (16 if a.quick else 2000)
     hrl_time = a.hrl_time if a.hrl_time is not None else (None if a.quick else 600.0)
     algos = make_algos(hrl_samples, hrl_time, a.seed)
     names = [n for n in TABLE3_ALGOS + REFERENCE if not a.algos or n in a.algos]
     runs = []
     wide = []
-    for model, batch in models_of(a):
+    for model, batch in models_to_run(a):
         _, g, cl, costs, _ = load(model, batch, a.cluster)
         if a.colocate_gradients:
             g = colocate_gradients(g)

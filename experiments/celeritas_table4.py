@@ -27,8 +27,9 @@ from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT
 from algorithms.m_topo import MTopo
 from algorithms.metis_place import Metis
-from experiments._celeritas import PAPER_TABLE4, TABLE4_ALGOS, common_args, load, models_of, out_dir
-from experiments.common import compose, print_table, style
+from experiments._celeritas import PAPER_TABLE4, TABLE4_ALGOS, cli, load, models_to_run
+from experiments.common import output_dir, print_table, style
+from harness.compose import compose
 from harness.run import build
 
 EXTRA = ["m_etf", "metis", "m_topo", "dfs_topo"]
@@ -51,19 +52,19 @@ def time_plan(algo: Any, g: Any, cl: Any, costs: Any, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("celeritas_table4", __doc__)
+    ap = cli("celeritas_table4", __doc__)
     ap.add_argument("--repeats", type=int, default=None, help="timings per cell (median; default 3, --quick 1)")
     ap.add_argument("--synthetic", type=int, nargs="*", default=None, help="sizes of synthetic graphs to add (default 36352; --quick 500)")
     ap.add_argument("--lp-limit", type=float, default=120.0, help="m-SCT's LP time limit on the synthetic graphs (seconds)")
     a = ap.parse_args(argv)
-    out = out_dir(a)
+    out = output_dir(a)
     repeats = a.repeats or (1 if a.quick else 3)
     synth = a.synthetic if a.synthetic is not None else ([500] if a.quick else [36352])
     algos = heuristics()
     hrl_runs = pd.read_csv(out / "table3_runs.csv") if (out / "table3_runs.csv").exists() else None
     rows = []
     cases: list[tuple[str, int, Any, Any, Any]] = []
-    for model, batch in models_of(a):
+    for model, batch in models_to_run(a):
         _, g, cl, costs, _ = load(model, batch, a.cluster)
         cases.append((model, int(g.meta.get("batch_size", batch)), g, cl, costs))
     for n in synth:

@@ -32,9 +32,9 @@ from algorithms.baselines import SingleDevice
 from algorithms.celeritas import Celeritas
 from algorithms.m_topo import MTopo
 from algorithms.standard_eval import default_small_batches, standard_evaluation
-from experiments._celeritas import PAPER_FIG6, PAPER_TABLE5, common_args, fmt_paper, load, models_of, out_dir
-from experiments.common import print_table, style
-from harness.strategy import Strategy
+from experiments._celeritas import PAPER_FIG6, PAPER_TABLE5, cli, fmt_paper, load, models_to_run
+from experiments.common import output_dir, print_table, style
+from harness.core.strategy import Strategy
 from simulators.simulate import simulate
 
 GRID = [0.0, 1e-6, 1e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
@@ -47,13 +47,13 @@ def cdf(dev: np.ndarray) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("celeritas_table5", __doc__)
+    ap = cli("celeritas_table5", __doc__)
     ap.add_argument("--small-batches", type=int, nargs="*", default=None, help="the small batch sizes (default B/32 B/16 B/8)")
     a = ap.parse_args(argv)
-    out = out_dir(a)
+    out = output_dir(a)
     rows, cdf_rows, fig6 = [], [], []
     devs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for model, batch in tqdm(models_of(a, quick=[("tensor_holography", 4), ("lenet5", 64)]), desc="table 5", unit="model"):
+    for model, batch in tqdm(models_to_run(a, quick=[("tensor_holography", 4), ("lenet5", 64)]), desc="table 5", unit="model"):
         source, g, cl, costs, cfg = load(model, batch, a.cluster)
         B = int(source.batch_size)
         smalls = a.small_batches or default_small_batches(B)

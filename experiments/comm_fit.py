@@ -24,7 +24,6 @@ measured, simulated with cpu2's figures and with the best fit), comm_fit.md.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import itertools
 import time
@@ -37,7 +36,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.common import compose, output_dir
+from experiments.common import experiment_args, output_dir
+from harness.compose import compose
 
 #: (depth, width, batch) of the chains: the compute between messages grows with width^2 x
 #: batch, a message with width x batch, so the points vary the two apart
@@ -172,18 +172,19 @@ def write_outputs(runs: Sequence[ChainRun], fit: dict[str, float], out: Path, me
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments comm_fit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30, help="measured steps per run")
-    ap.add_argument("--warmup", type=int, default=3, help="discarded steps per run")
-    ap.add_argument("--out", default=None,
-                    help="output dir (default results/sim_accuracy; --quick: outputs/experiments_quick/sim_accuracy)")
-    ap.add_argument("--quick", action="store_true", help="one small chain under round robin, 3 steps, a coarse grid: checks the pipeline")
+    ap = experiment_args("comm_fit", __doc__, "sim_accuracy", quick="one small chain under round robin, 3 steps, a coarse grid: checks the pipeline")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per run (default 30; --quick 3)")
+    ap.add_argument("--warmup", type=int, default=None, help="discarded steps per run (default 3; --quick 1)")
     a = ap.parse_args(argv)
     points, algos, grid = POINTS, ALGOS, GRID
     if a.quick:
-        points, algos, a.steps, a.warmup = QUICK["points"], QUICK["algos"], QUICK["steps"], QUICK["warmup"]
+        points, algos = QUICK["points"], QUICK["algos"]
         grid = {"per_message_us": [0.0, 50.0, 100.0], "copy_GBps": [1.0, 1e6], "cold_scale": [0.0, 1.0]}
-    out = output_dir(a, "sim_accuracy")
+    if a.steps is None:
+        a.steps = QUICK["steps"] if a.quick else 30
+    if a.warmup is None:
+        a.warmup = QUICK["warmup"] if a.quick else 3
+    out = output_dir(a)
     t0 = time.time()
     runs = [run_chain(p, algo, a.steps, a.warmup) for p in tqdm(points, desc="chains run for real", unit="chain") for algo in algos]
     fit, _ = fit_host_comm(runs, grid)

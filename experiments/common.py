@@ -1,27 +1,20 @@
-"""Shared helpers for experiment scripts: config composition, output dirs, figure style."""
+"""Shared helpers for experiment scripts: the registered algorithms and
+models, the command line every experiment shares and its output dir, figure style."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
+from harness.compose import CONF
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
-CONF = REPO / "conf"
 #: where a smoke run (--quick) writes unless --out says where: never the committed results/
 SCRATCH = REPO / "outputs" / "experiments_quick"
-
-
-def compose(overrides: Sequence[str] = ()) -> Any:
-    """The config ``python -m harness <overrides>`` would run, without starting a Hydra job."""
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hcompose(config_name="config", overrides=list(overrides))
 
 
 def zoo_models() -> list[str]:
@@ -29,16 +22,95 @@ def zoo_models() -> list[str]:
     out = []
     for f in sorted((CONF / "model").glob("*.yaml")):
         d = yaml.safe_load(f.read_text()) or {}
-        if d.get("_target_") == "harness.models.TorchModel" and f.stem != "custom":
+        if d.get("_target_") == "harness.core.models.TorchModel" and f.stem != "custom":
             out.append(f.stem)
     return out
+
+
+#: variant columns: a registered algorithm with other settings (``NAME@SETTING`` -> overrides); data
+#: parallelism costed on the layer graph is the like-for-like reference for the layer-graph
+#: algorithms (the same strategy as data_parallel, at their granularity)
+VARIANTS: dict[str, list[str]] = {"data_parallel@layer": ["algo=data_parallel", "algo.graph=layer"]}
+
+
+def algorithms() -> list[str]:
+    """Every registered algorithm (a file of conf/algo: its module and YAML are all an
+    algorithm needs to be here), then the :data:`VARIANTS`."""
+    return sorted(p.stem for p in (CONF / "algo").glob("*.yaml")) + sorted(VARIANTS)
+
+
+def algo_overrides(name: str) -> list[str]:
+    """The ``python -m harness`` overrides that select algorithm ``name`` of :func:`algorithms`."""
+    return list(VARIANTS.get(name, [f"algo={name}"]))
+
+
+def model_overrides(name: str, batch: int | None = None) -> list[str]:
+    """The ``python -m harness`` overrides of a model at a batch size (None: the model's own)."""
+    return [f"model={name}"] + ([f"model.batch_size={batch}"] if batch else [])
+
+
+# ---------------------------------------------------------------------------- command line
+def parse_model(spec: str) -> tuple[str, int | None]:
+    """``NAME[:BATCH]`` -> (name, batch or None)."""
+    name, sep, batch = spec.partition(":")
+    if not name or (sep and not (batch.isdigit() and int(batch) > 0)):
+        raise argparse.ArgumentTypeError(f"{spec!r} is not NAME or NAME:BATCH (a positive batch size)")
+    return name, int(batch) if sep else None
+
+
+def _model_spec(batch: str | None) -> Callable[[str], str]:
+    """The argparse ``type`` of ``--models``: checks one NAME[:BATCH] and keeps it as written."""
+    def check(spec: str) -> str:
+        if parse_model(spec)[1] is not None and batch is None:
+            raise argparse.ArgumentTypeError(f"{spec!r}: this experiment takes model names only (its batch sizes have their own option)")
+        return spec
+    return check
+
+
+def experiment_args(name: str, doc: str | None, topic: str, *, quick: str, models: str | None = None,
+                    batch: str | None = "the model's own batch size") -> argparse.ArgumentParser:
+    """The parser of ``python -m experiments NAME`` with the options every experiment shares
+    (the experiment adds its own):
+
+    * ``--quick``: small settings (seconds) -- ``quick`` says which -- into the scratch dir;
+    * ``--out DIR``: where to write (:func:`output_dir`: default ``results/<topic>``, with
+      ``--quick`` ``outputs/experiments_quick/<topic>``);
+    * ``--models NAME[:BATCH] ...`` when ``models`` is given (it describes the default list):
+      the models to run instead of the default, an explicit list winning over ``--quick``'s;
+      ``batch`` says what a NAME without ``:BATCH`` runs at, None where the experiment sets
+      batch sizes otherwise (a ``:BATCH`` is then an error).  :func:`models_of` resolves it.
+    """
+    ap = argparse.ArgumentParser(prog=f"python -m experiments {name}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.set_defaults(topic=topic)
+    ap.add_argument("--quick", action="store_true", help=f"{quick}; into outputs/experiments_quick/{topic} unless --out")
+    ap.add_argument("--out", default=None, metavar="DIR",
+                    help=f"output dir (default results/{topic}; --quick: outputs/experiments_quick/{topic})")
+    if models is not None:
+        what = "NAME[:BATCH]" if batch is not None else "NAME"
+        ap.add_argument("--models", nargs="*", default=None, type=_model_spec(batch), metavar=what,
+                        help=f"models to run (default: {models})" + (f"; a NAME without :BATCH runs at {batch}" if batch else ""))
+    return ap
+
+
+def models_of(args: argparse.Namespace, full: Sequence[str | tuple[str, int | None]],
+              quick: Sequence[str | tuple[str, int | None]] | None = None, batches: dict[str, int] | None = None,
+              fallback: int | None = None) -> list[tuple[str, int | None]]:
+    """The (model, batch) pairs a run of :func:`experiment_args` covers: its ``--models``, else
+    the ``quick`` list for ``--quick``, else ``full`` (entries ``NAME[:BATCH]`` or (name, batch));
+    a model without a batch runs at ``batches[NAME]``, else at ``fallback`` (None: its own)."""
+    chosen = args.models or (quick if (args.quick and quick is not None) else full)
+    pairs = [parse_model(x) if isinstance(x, str) else (x[0], x[1]) for x in chosen]
+    return [(m, b if b is not None else (batches or {}).get(m, fallback)) for m, b in pairs]
 
 
 def output_dir(args: argparse.Namespace, *parts: str) -> Path:
     """The directory an experiment writes into (created), from its ``--out`` and ``--quick``
     arguments: ``--out`` when given; else, for a smoke run (``--quick``), the scratch directory
     ``outputs/experiments_quick/<parts>``; else the committed ``results/<parts>``.  A committed
-    artefact thus changes only when its full run is asked for."""
+    artefact thus changes only when its full run is asked for.  ``parts`` default to the topic
+    of :func:`experiment_args`."""
+    parts = parts or (args.topic,)
     p = Path(args.out) if args.out else (SCRATCH if args.quick else RESULTS).joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
     return p

@@ -15,20 +15,20 @@ import numpy as np
 import pandas as pd
 
 from experiments._fddps import (
-    FIG4_CLUSTER, FIG4_MODELS, LABELS, PAPER_FIG4, PAPER_FIG4_UNASSIGNED, common_args, fmt_time, markdown_table, models_of,
-    out_dir, paper_batch, run_grid, write_section,
+    FIG4_CLUSTER, FIG4_MODELS, LABELS, PAPER_FIG4, PAPER_FIG4_UNASSIGNED, cli, fmt_time, markdown_table, models_to_run,
+    paper_batch, run_grid, write_section,
 )
-from experiments.common import print_table, style
+from experiments.common import output_dir, print_table, style
 
 ALGOS = ["fastt", "mp_dps", "fddps"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("fddps_fig4", __doc__)
+    ap = cli("fddps_fig4", __doc__)
     ap.add_argument("--cluster", default=FIG4_CLUSTER)
     a = ap.parse_args(argv)
-    out = out_dir(a)
-    models = models_of(a, FIG4_MODELS)
+    out = output_dir(a)
+    models = models_to_run(a, FIG4_MODELS)
     runs = run_grid(models, ALGOS, a.cluster, None, a.quick, "figure 4")
     pd.DataFrame(runs).to_csv(out / "fig4.csv", index=False)
 

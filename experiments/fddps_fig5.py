@@ -14,18 +14,18 @@ import numpy as np
 import pandas as pd
 
 from experiments._fddps import (
-    CLUSTER, FIG5_ALGOS, LABELS, PAPER_FIG5, PAPER_FIG5_UNASSIGNED, common_args, markdown_table, models_of, out_dir,
+    CLUSTER, FIG5_ALGOS, LABELS, PAPER_FIG5, PAPER_FIG5_UNASSIGNED, cli, markdown_table, models_to_run,
     paper_batch, run_grid, write_section,
 )
-from experiments.common import print_table, style
+from experiments.common import output_dir, print_table, style
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("fddps_fig5", __doc__)
+    ap = cli("fddps_fig5", __doc__)
     ap.add_argument("--devices", type=int, default=8)
     a = ap.parse_args(argv)
-    out = out_dir(a)
-    models = models_of(a)
+    out = output_dir(a)
+    models = models_to_run(a)
     runs = run_grid(models, FIG5_ALGOS, CLUSTER, a.devices, a.quick, "figure 5")
     pd.DataFrame(runs).to_csv(out / "fig5.csv", index=False)
 

@@ -15,18 +15,18 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._fddps import (
-    CLUSTER, PAPER_TABLE3, common_args, costs_for, load, make_algo, markdown_table, models_of, out_dir, write_section,
+    CLUSTER, PAPER_TABLE3, cli, costs_for, load, make_algo, markdown_table, models_to_run, write_section,
 )
-from experiments.common import print_table, style
+from experiments.common import output_dir, print_table, style
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("fddps_table3", __doc__)
+    ap = cli("fddps_table3", __doc__)
     ap.add_argument("--core-aten", action="store_true", help="also count the core-aten graphs (slower captures)")
     a = ap.parse_args(argv)
-    out = out_dir(a)
+    out = output_dir(a)
     rows = []
-    for model, batch in tqdm(models_of(a), desc="table 3", unit="model"):
+    for model, batch in tqdm(models_to_run(a), desc="table 3", unit="model"):
         t0 = time.perf_counter()
         cfg, g, cl, _ = load(model, batch, CLUSTER)
         row = {"model": model, "batch": batch, "ops": g.num_nodes, "edges": g.num_edges, "capture_s": time.perf_counter() - t0,

@@ -15,10 +15,10 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._fddps import (
-    CLUSTER, DEVICES, LABELS, PAPER_SINGLE, PAPER_SPEEDUP2, PAPER_TABLE5, QUICK_DEVICES, TABLE5_ALGOS, common_args, costs_for, fmt_time,
-    load, make_algo, markdown_table, models_of, out_dir, paper_batch, run_algo, write_section,
+    CLUSTER, DEVICES, LABELS, PAPER_SINGLE, PAPER_SPEEDUP2, PAPER_TABLE5, QUICK_DEVICES, TABLE5_ALGOS, cli, costs_for, fmt_time,
+    load, make_algo, markdown_table, models_to_run, paper_batch, run_algo, write_section,
 )
-from experiments.common import print_table, style
+from experiments.common import output_dir, print_table, style
 
 
 def speedup(base: dict[str, Any] | None, new: dict[str, Any] | None) -> float | None:
@@ -28,12 +28,12 @@ def speedup(base: dict[str, Any] | None, new: dict[str, Any] | None) -> float | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("fddps_table5", __doc__)
+    ap = cli("fddps_table5", __doc__)
     ap.add_argument("--devices", nargs="*", type=int, default=None, help="device counts (default 2 4 8)")
     a = ap.parse_args(argv)
-    out = out_dir(a)
+    out = output_dir(a)
     devices = a.devices or (QUICK_DEVICES if a.quick else DEVICES)
-    models = models_of(a)
+    models = models_to_run(a)
     runs: list[dict[str, Any]] = []
     bar = tqdm(total=len(models) * (1 + len(devices) * len(TABLE5_ALGOS)), desc="table 5", unit="run")
     for model, batch in models:

@@ -13,18 +13,18 @@ import numpy as np
 import pandas as pd
 
 from experiments._fddps import (
-    CLUSTER, LABELS, PAPER_TABLE7, TABLE7_ALGOS, common_args, fmt_time, markdown_table, models_of, out_dir, paper_batch,
+    CLUSTER, LABELS, PAPER_TABLE7, TABLE7_ALGOS, cli, fmt_time, markdown_table, models_to_run, paper_batch,
     run_grid, write_section,
 )
-from experiments.common import print_table, style
+from experiments.common import output_dir, print_table, style
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common_args("fddps_table7", __doc__)
+    ap = cli("fddps_table7", __doc__)
     ap.add_argument("--devices", type=int, default=4)
     a = ap.parse_args(argv)
-    out = out_dir(a)
-    models = models_of(a)
+    out = output_dir(a)
+    models = models_to_run(a)
     k = a.devices
     runs = run_grid(models, TABLE7_ALGOS, CLUSTER, k, a.quick, "table 7")
     pd.DataFrame(runs).to_csv(out / "table7.csv", index=False)

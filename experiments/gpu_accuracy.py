@@ -20,7 +20,6 @@ figure is computed here.  A row the zoo cannot express is listed with the reason
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import shlex
@@ -32,8 +31,10 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.common import REPO, compose, output_dir, print_table, style
-from harness.kernel_fit import GPU_DATA, error_summary, fit_all, load_table
+from experiments.common import REPO, experiment_args, output_dir, print_table, style
+from harness.compose import compose
+from harness.kernel_fit import GPU_DATA, error_summary, fit_all
+from harness.core.kernel_model import load_table
 
 PUBLISHED = GPU_DATA / "published_throughput.csv"
 #: the published testbed of each device column
@@ -281,7 +282,7 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, kf: pd.DataFrame
             {"median_abs_error": "{:.1%}", "p90_abs_error": "{:.1%}"}),
         "",
         "A100 and H100 have no kernel measurements here: their costs are extrapolated from the V100 fits",
-        "(`harness/calibrated.py`, the compute-to-bandwidth transfer rule) and labelled `extrapolated` in every",
+        "(`harness/core/calibrated.py`, the compute-to-bandwidth transfer rule) and labelled `extrapolated` in every",
         "`result.json` (`costs_report`); no published row checks them.",
         "",
     ]
@@ -289,10 +290,8 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, kf: pd.DataFrame
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments gpu_accuracy", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help=f"{len(QUICK_ROWS)} rows, into a scratch directory unless --out")
+    ap = experiment_args("gpu_accuracy", __doc__.splitlines()[0], "gpu_accuracy", quick=f"{len(QUICK_ROWS)} rows")
     ap.add_argument("--rows", nargs="*", default=None, help="published row ids (default: all)")
-    ap.add_argument("--out", default=None, help="output dir (default results/gpu_accuracy)")
     a = ap.parse_args(argv)
     pub = pd.read_csv(PUBLISHED)
     wanted = a.rows or (list(QUICK_ROWS) if a.quick else None)
@@ -301,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown published row {unknown[0]!r}: the ids are in {PUBLISHED.relative_to(REPO)}")
         pub = pub[pub["id"].isin(wanted)].reset_index(drop=True)
-    out = output_dir(a, "gpu_accuracy")
+    out = output_dir(a)
     sim = run_rows(pub)
     tp = throughput_table(pub, sim)
     sc = scaling_table(tp)

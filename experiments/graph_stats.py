@@ -1,41 +1,43 @@
-"""Nodes, edges and CCR (Celeritas Eq. 1) of every zoo model's training-step graph."""
+"""Nodes, edges and CCR (Celeritas Eq. 1, :func:`algorithms.sched.levels.graph_ccr`: the static costs a
+placer plans with, as in celeritas_table2) of every zoo model's training-step graph."""
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.common import compose, output_dir, print_table, style, zoo_models
+from algorithms.sched.levels import graph_ccr
+from experiments.common import experiment_args, model_overrides, models_of, output_dir, print_table, style, zoo_models
+from harness.compose import compose
 from harness.run import build
-from harness.stats import graph_stats
+from harness.core.stats import graph_stats
+
+QUICK_MODELS = ["lenet5", "alexnet", "resnet50"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments graph_stats", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="three small models at batch 8")
-    ap.add_argument("--models", nargs="*", default=None, help="zoo models (default: all)")
-    ap.add_argument("--cluster", default="v100x4_pcie", help="cluster whose devices 0 and 1 define w_i and c_ij")
-    ap.add_argument("--batch", type=int, default=None, help="batch size for every model (default: each model's own)")
+    ap = experiment_args("graph_stats", __doc__, "graph_stats", quick="three small models at batch 8", models="every zoo model",
+                         batch="--batch, else the model's own batch size")
+    ap.add_argument("--cluster", default="v100x4_pcie", help="cluster whose mean device time and link figures define w_i and c_ij")
+    ap.add_argument("--batch", type=int, default=None, help="batch size for every model (default: each model's own; --quick 8)")
     ap.add_argument("--granularity", default="aten", choices=["aten", "core_aten", "layer"])
-    ap.add_argument("--out", default=None, help="output dir (default results/graph_stats; --quick: outputs/experiments_quick/graph_stats)")
     a = ap.parse_args(argv)
-    models = a.models or (["lenet5", "alexnet", "resnet50"] if a.quick else zoo_models())
     if a.quick and a.batch is None:
         a.batch = 8
-    out = output_dir(a, "graph_stats")
+    models = models_of(a, zoo_models(), QUICK_MODELS, fallback=a.batch)
+    out = output_dir(a)
     rows = []
-    for m in tqdm(models, desc="capturing", unit="model"):
-        ov = [f"model={m}", f"cluster={a.cluster}", f"graph.granularity={a.granularity}"]
-        if a.batch:
-            ov.append(f"model.batch_size={a.batch}")
-        cfg = compose(ov)
+    for m, batch in tqdm(models, desc="capturing", unit="model"):
+        cfg = compose([*model_overrides(m, batch), f"cluster={a.cluster}", f"graph.granularity={a.granularity}"])
         source, cluster, costs, _, _ = build(cfg)
         t0 = time.perf_counter()
         g = source.op_graph(**cfg.graph)
-        rows.append({"model": m, "batch": source.batch_size, "capture_s": time.perf_counter() - t0, **graph_stats(g, costs)})
+        st = graph_stats(g, costs)
+        coloc = st.pop("coloc_groups")
+        rows.append({"model": m, "batch": source.batch_size, "capture_s": time.perf_counter() - t0, **st,
+                     "ccr": graph_ccr(g, cluster, costs), "coloc_groups": coloc})
     df = pd.DataFrame(rows)
     df.to_csv(out / "graph_stats.csv", index=False)
     print_table(rows, ["model", "batch", "nodes", "edges", "gflops", "param_mib", "ccr", "capture_s"],

@@ -13,7 +13,6 @@ is a cell with its reason, not a number.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
@@ -23,7 +22,10 @@ import numpy as np
 import pandas as pd
 
 from experiments._grid import Job, run_jobs
-from experiments.common import CONF, compose, output_dir, print_table, style
+from experiments.common import (
+    algo_overrides, algorithms, experiment_args, model_overrides, models_of, output_dir, print_table, style,
+)
+from harness.compose import compose
 
 #: the papers' models at their batch sizes (the conf/model defaults)
 MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "resnet200", "pnasnet_mobile", "nasnet_large",
@@ -32,25 +34,6 @@ MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "resnet200",
 CLUSTERS = ["p100x8", "v100x4_pcie", "p100x16_4nodes", "h100x8"]
 QUICK_MODELS = ["lenet5", "alexnet:16", "resnet50:8"]
 QUICK_CLUSTERS = ["p100x4", "v100x4_pcie"]
-
-
-#: extra columns: data parallelism costed on the layer graph, the like-for-like reference for
-#: the layer-graph algorithms (the same strategy as data_parallel, at their granularity)
-VARIANTS = {"data_parallel@layer": ["algo=data_parallel", "algo.graph=layer"]}
-
-
-def algorithms() -> list[str]:
-    """The registered algorithms (the files of conf/algo) and the variant columns."""
-    return sorted(p.stem for p in (CONF / "algo").glob("*.yaml")) + sorted(VARIANTS)
-
-
-def _algo_overrides(name: str) -> list[str]:
-    return VARIANTS.get(name, [f"algo={name}"])
-
-
-def _model_overrides(spec: str) -> list[str]:
-    name, _, batch = spec.partition(":")
-    return [f"model={name}"] + ([f"model.batch_size={batch}"] if batch else [])
 
 
 def run_cell(overrides: Sequence[str]) -> dict[str, Any]:
@@ -75,14 +58,14 @@ def run_cell(overrides: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _capture_all(models: Sequence[str], clusters: Sequence[str]) -> None:
+def _capture_all(models: Sequence[tuple[str, int | None]], clusters: Sequence[str]) -> None:
     """Capture every graph once in the parent so forked workers find them in memory."""
     from tqdm import tqdm
 
     from harness.run import build
 
-    for m in tqdm(models, desc="capturing", unit="model"):
-        cfg = compose(_model_overrides(m) + [f"cluster={clusters[0]}"])
+    for m, b in tqdm(models, desc="capturing", unit="model"):
+        cfg = compose(model_overrides(m, b) + [f"cluster={clusters[0]}"])
         source = build(cfg)[0]
         source.op_graph(**cfg.graph)
         if hasattr(source, "layer_graph"):
@@ -208,14 +191,12 @@ def render(df: pd.DataFrame, out: Path, cmd: str) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments leaderboard", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="three small models, two clusters, short limits")
-    ap.add_argument("--models", nargs="*", default=None, help="model[:batch] (default: the papers' models)")
+    ap = experiment_args("leaderboard", __doc__.splitlines()[0], "leaderboard", quick="three small models, two clusters, short limits",
+                         models="the papers' models")
     ap.add_argument("--clusters", nargs="*", default=None)
     ap.add_argument("--algos", nargs="*", default=None, help="default: every conf/algo file")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per cell (default 600, quick 60)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", default=None, help="output dir (default results/leaderboard; --quick: outputs/experiments_quick/leaderboard)")
     ap.add_argument("--from-csv", default=None, metavar="CSV",
                     help="no runs: redraw best.csv, heatmap.png and README.md from a leaderboard.csv (--command: how it was made)")
     ap.add_argument("--command", default=None, help="with --from-csv: the command that produced the CSV, for the README")
@@ -226,16 +207,16 @@ def main(argv: list[str] | None = None) -> int:
         best = render(pd.read_csv(a.from_csv), out, a.command or "python -m experiments leaderboard")
         print(f"wrote {out}/best.csv, heatmap.png, README.md ({len(best)} settings)")
         return 0
-    models = a.models or (QUICK_MODELS if a.quick else MODELS)
+    models = models_of(a, MODELS, QUICK_MODELS)
     clusters = a.clusters or (QUICK_CLUSTERS if a.quick else CLUSTERS)
     algos = a.algos or algorithms()
     timeout = a.timeout or (60.0 if a.quick else 600.0)
-    out = output_dir(a, "leaderboard")
+    out = output_dir(a)
     _capture_all(models, clusters)
     jobs = [
-        Job((("model", m.partition(":")[0]), ("cluster", c), ("algo", alg)),
-            tuple(_model_overrides(m) + [f"cluster={c}", *_algo_overrides(alg), "output.trace=false", "output.gantt=false"]))
-        for m in models for c in clusters for alg in algos
+        Job((("model", m), ("cluster", c), ("algo", alg)),
+            tuple(model_overrides(m, b) + [f"cluster={c}", *algo_overrides(alg), "output.trace=false", "output.gantt=false"]))
+        for m, b in models for c in clusters for alg in algos
     ]
     rows = run_jobs(jobs, run_cell, timeout, workers=a.workers, desc="leaderboard")
     df = _complete(pd.DataFrame(rows))

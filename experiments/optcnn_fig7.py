@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._layerwise import OPTCNN_STRATEGIES, STRATEGY_LABEL, optcnn_sweep, write_readme
-from experiments.common import output_dir, print_table, style
+from experiments.common import experiment_args, models_of, output_dir, print_table, style
 
 #: OptCNN Sec. 6.1: speedup from 1 GPU to 16 GPUs (4 nodes), layer-wise and the best other strategy
 PAPER_SPEEDUP_16 = {"alexnet": (12.2, 6.1), "vgg16": (14.8, 10.2), "inception_v3": (15.5, 11.2)}
@@ -16,6 +16,8 @@ PAPER_SPEEDUP_16 = {"alexnet": (12.2, 6.1), "vgg16": (14.8, 10.2), "inception_v3
 PAPER_GAIN = {"alexnet": 2.2, "vgg16": 1.5, "inception_v3": 1.4}
 MODELS = ("alexnet", "vgg16", "inception_v3")
 DEVICES = (1, 2, 4, 8, 16)
+QUICK_MODELS = ("alexnet",)
+QUICK_DEVICES = (1, 2, 4)
 
 
 def speedup_rows(df: pd.DataFrame) -> list[dict]:
@@ -44,19 +46,18 @@ def speedup_rows(df: pd.DataFrame) -> list[dict]:
 def sweep_from_argv(name: str, doc: str | None, argv: list[str] | None) -> tuple[pd.DataFrame, Path, argparse.Namespace]:
     """The command line shared by Figures 7, 8 and Table 4 (they read the same sweep), parsed,
     and the sweep itself (cached in layerwise_runs.csv): ``(runs, output dir, arguments)``."""
-    ap = argparse.ArgumentParser(prog=f"python -m experiments {name}", description=doc)
-    ap.add_argument("--models", nargs="*", default=list(MODELS))
-    ap.add_argument("--devices", nargs="*", type=int, default=list(DEVICES))
-    ap.add_argument("--per-gpu-batch", type=int, default=32, help="OptCNN: 32 per GPU")
+    ap = experiment_args(name, doc, "optcnn", quick="alexnet on 1, 2, 4 GPUs, batch 2 per GPU", models=" ".join(MODELS), batch=None)
+    ap.add_argument("--devices", nargs="*", type=int, default=None, help="GPU counts (default 1 2 4 8 16; --quick 1 2 4)")
+    ap.add_argument("--per-gpu-batch", type=int, default=None, help="OptCNN: 32 per GPU (--quick 2)")
     ap.add_argument("--cluster", default="p100x16_4nodes", help="its first k devices make the k-GPU point")
     ap.add_argument("--sync", default="ps", choices=["ps", "ring"], help="t_S: parameter server (OptCNN) or ring all-reduce")
     ap.add_argument("--recompute", action="store_true", help="ignore the cached sweep (layerwise_runs.csv)")
-    ap.add_argument("--quick", action="store_true", help="alexnet on 1, 2, 4 GPUs, batch 2 per GPU")
-    ap.add_argument("--out", default=None, help="output dir (default results/optcnn; --quick: outputs/experiments_quick/optcnn)")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.models, a.devices, a.per_gpu_batch = ["alexnet"], [1, 2, 4], 2
-    out = output_dir(a, "optcnn")
+    a.models = [m for m, _ in models_of(a, MODELS, QUICK_MODELS)]
+    a.devices = a.devices or list(QUICK_DEVICES if a.quick else DEVICES)
+    if a.per_gpu_batch is None:
+        a.per_gpu_batch = 2 if a.quick else 32
+    out = output_dir(a)
     return optcnn_sweep(a.models, a.devices, a.per_gpu_batch, out, a.recompute, a.cluster, a.sync), out, a
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pandas as pd
 
 from experiments._layerwise import problem, run, write_readme
-from experiments.common import output_dir, print_table, style
+from experiments.common import experiment_args, models_of, output_dir, print_table, style
 
 #: OptCNN Table 3 (Jia et al. 2018): layers, DFS baseline, Algorithm 1; K = 2 for every network
 PAPER = {
@@ -16,6 +14,7 @@ PAPER = {
     "vgg16": (21, "> 24 hours", 24 * 3600, "0.1 s", 0.1),
     "inception_v3": (102, "> 24 hours", 24 * 3600, "0.4 s", 0.4),
 }
+QUICK_MODELS = ["lenet5", "alexnet"]
 
 
 def _fmt(s: float) -> str:
@@ -23,18 +22,19 @@ def _fmt(s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments optcnn_table3", description=__doc__)
-    ap.add_argument("--models", nargs="*", default=list(PAPER))
+    ap = experiment_args("optcnn_table3", __doc__, "optcnn", quick="lenet5 and alexnet, batch 2 per GPU, 2 s DFS budget",
+                         models=" ".join(PAPER), batch=None)
     ap.add_argument("--cluster", default="p100x4", help="4 GPUs on one node, as Table 3")
-    ap.add_argument("--per-gpu-batch", type=int, default=32, help="OptCNN: 32 per GPU")
-    ap.add_argument("--budget", type=float, default=120.0, help="DFS time budget per network (s)")
+    ap.add_argument("--per-gpu-batch", type=int, default=None, help="OptCNN: 32 per GPU (--quick 2)")
+    ap.add_argument("--budget", type=float, default=None, help="DFS time budget per network (s; default 120, --quick 2)")
     ap.add_argument("--sync", default="ps", choices=["ps", "ring"], help="t_S: parameter server (OptCNN) or ring all-reduce")
-    ap.add_argument("--quick", action="store_true", help="lenet5 and alexnet, batch 2 per GPU, 2 s DFS budget")
-    ap.add_argument("--out", default=None, help="output dir (default results/optcnn; --quick: outputs/experiments_quick/optcnn)")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.models, a.per_gpu_batch, a.budget = ["lenet5", "alexnet"], 2, 2.0
-    out = output_dir(a, "optcnn")
+    a.models = [m for m, _ in models_of(a, list(PAPER), QUICK_MODELS)]
+    if a.per_gpu_batch is None:
+        a.per_gpu_batch = 2 if a.quick else 32
+    if a.budget is None:
+        a.budget = 2.0 if a.quick else 120.0
+    out = output_dir(a)
     from algorithms.optcnn import OptCNN, OptCNNDFS
 
     rows = []

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pandas as pd
 
 from experiments._layerwise import problem, run, write_readme
-from experiments.common import output_dir, print_table, style
+from experiments.common import experiment_args, output_dir, print_table, style
 
 #: OptCNN Table 5. Our reading of its OCR'd rows: the first four blocks {n=4}, the last block
 #: {n=1, h=2, w=2} (the text: "parallelism in both the height and width dimensions to
@@ -51,17 +50,15 @@ def vgg_blocks(names: list[str], kinds: list[str], configs: list[dict[str, int]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments optcnn_table5", description=__doc__)
+    ap = experiment_args("optcnn_table5", __doc__, "optcnn", quick="batch 2 per GPU")
     ap.add_argument("--model", default="vgg16")
     ap.add_argument("--cluster", default="p100x4", help="4 GPUs of one node")
-    ap.add_argument("--per-gpu-batch", type=int, default=32)
+    ap.add_argument("--per-gpu-batch", type=int, default=None, help="default 32 (--quick 2)")
     ap.add_argument("--sync", default="ps", choices=["ps", "ring"], help="t_S: parameter server (OptCNN) or ring all-reduce")
-    ap.add_argument("--quick", action="store_true", help="batch 2 per GPU")
-    ap.add_argument("--out", default=None, help="output dir (default results/optcnn; --quick: outputs/experiments_quick/optcnn)")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.per_gpu_batch = 2
-    out = output_dir(a, "optcnn")
+    if a.per_gpu_batch is None:
+        a.per_gpu_batch = 2 if a.quick else 32
+    out = output_dir(a)
     from algorithms.optcnn import OptCNN
 
     pb = problem(a.model, a.cluster, batch=a.per_gpu_batch * 4, extra=[f"costs.sync={a.sync}"])

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
 from experiments._layerwise import RNNLM_LSTM, parametric, problem, run, write_readme
-from experiments.common import output_dir, print_table, style
+from experiments.common import experiment_args, models_of, output_dir, print_table, style
 
 MODELS = ("alexnet", "inception_v3", "transformer", "rnnlm")
 PS = (4, 8, 16, 32, 64)
+QUICK_MODELS = ("alexnet", "rnnlm")
+QUICK_PS = (4, 8)
 #: search times the issue quotes from the PaSE paper (p = 64)
 PAPER_PASE = {("inception_v3", 64): "196 s", ("transformer", 64): "31 min"}
 PAPER_FLEXFLOW = {("inception_v3", 64): "37 min"}
@@ -33,19 +34,21 @@ def strategy_path(out: Path, model: str, p: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments pase_search_time", description=__doc__)
-    ap.add_argument("--models", nargs="*", default=list(MODELS),
-                    help="rnnlm is PaSE's graph (one LSTM op); rnnlm_unrolled our zoo's per-step cells")
-    ap.add_argument("--ps", nargs="*", type=int, default=list(PS))
-    ap.add_argument("--mcmc-iterations", type=int, default=20000)
-    ap.add_argument("--mcmc-budget", type=float, default=60.0, help="wall-clock cap of each MCMC run (s)")
+    ap = experiment_args("pase_search_time", __doc__, "pase", quick="alexnet and rnnlm at p = 4, 8; 2000 MCMC moves",
+                         models=" ".join(MODELS) + " (rnnlm is PaSE's graph, one LSTM op; rnnlm_unrolled our zoo's per-step cells)",
+                         batch=None)
+    ap.add_argument("--ps", nargs="*", type=int, default=None, help="processor counts (default 4 8 16 32 64; --quick 4 8)")
+    ap.add_argument("--mcmc-iterations", type=int, default=None, help="MCMC moves (default 20000; --quick 2000)")
+    ap.add_argument("--mcmc-budget", type=float, default=None, help="wall-clock cap of each MCMC run (s; default 60, --quick 5)")
     ap.add_argument("--max-entries", type=float, default=2**28, help="PaSE's largest table before it gives up")
-    ap.add_argument("--quick", action="store_true", help="alexnet and rnnlm at p = 4, 8; 2000 MCMC moves")
-    ap.add_argument("--out", default=None, help="output dir (default results/pase; --quick: outputs/experiments_quick/pase)")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.models, a.ps, a.mcmc_iterations, a.mcmc_budget = ["alexnet", "rnnlm"], [4, 8], 2000, 5.0
-    out = output_dir(a, "pase")
+    a.models = [m for m, _ in models_of(a, MODELS, QUICK_MODELS)]
+    a.ps = a.ps or list(QUICK_PS if a.quick else PS)
+    if a.mcmc_iterations is None:
+        a.mcmc_iterations = 2000 if a.quick else 20000
+    if a.mcmc_budget is None:
+        a.mcmc_budget = 5.0 if a.quick else 60.0
+    out = output_dir(a)
     (out / "strategies").mkdir(exist_ok=True)
     from algorithms.flexflow_mcmc import FlexFlowMCMC
     from algorithms.pase import PaSE, TableTooLarge
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     write_readme(out, "PaSE (Elango 2021): our results beside the paper's", [(
         "Search time against p (search_time.csv, search_time.png, strategies/)",
         f"`{cmd}`. Times exclude building the cost tables (tables_s in the CSV). rnnlm is PaSE's own "
-        f"graph of the RNNLM (the two LSTM layers as one operator, harness/zoo/rnnlm_lstm.py); our zoo's "
+        f"graph of the RNNLM (the two LSTM layers as one operator, harness/core/zoo/rnnlm_lstm.py); our zoo's "
         f"per-step rnnlm is `rnnlm_unrolled`. The MCMC column is FlexFlow's search on the same cost "
         f"tables (a move costs O(degree)), not FlexFlow's simulator. Only the figures the issue quotes are "
         f"given as the paper's.\n\n```\n{text}\n```",

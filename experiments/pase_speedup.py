@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from experiments._layerwise import parametric, problem, run, write_readme
-from experiments.common import output_dir, print_table, style
-from experiments.pase_search_time import MODELS, PS, model_overrides, strategy_path
-from harness.strategy import Strategy
+from experiments.common import experiment_args, models_of, output_dir, print_table, style
+from experiments.pase_search_time import MODELS, PS, QUICK_MODELS, QUICK_PS, model_overrides, strategy_path
+from harness.core.strategy import Strategy
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments pase_speedup", description=__doc__)
-    ap.add_argument("--models", nargs="*", default=list(MODELS))
-    ap.add_argument("--ps", nargs="*", type=int, default=list(PS))
-    ap.add_argument("--quick", action="store_true", help="alexnet and rnnlm at p = 4, 8")
-    ap.add_argument("--out", default=None, help="output dir (default results/pase; --quick: outputs/experiments_quick/pase)")
+    ap = experiment_args("pase_speedup", __doc__, "pase", quick="alexnet and rnnlm at p = 4, 8", models=" ".join(MODELS), batch=None)
+    ap.add_argument("--ps", nargs="*", type=int, default=None, help="processor counts (default 4 8 16 32 64; --quick 4 8)")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.models, a.ps = ["alexnet", "rnnlm"], [4, 8]
-    out = output_dir(a, "pase")
+    a.models = [m for m, _ in models_of(a, MODELS, QUICK_MODELS)]
+    a.ps = a.ps or list(QUICK_PS if a.quick else PS)
+    out = output_dir(a)
     from algorithms.baselines import DataParallel
     from algorithms.layer_costs import evaluate
     from algorithms.pase import PaSE, TableTooLarge

@@ -11,7 +11,6 @@ simulator, which gives the throughput plot (tasks simulated per second against t
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -22,8 +21,10 @@ import numpy as np
 import pandas as pd
 
 from experiments._grid import Job, run_jobs
-from experiments.common import compose, output_dir, series_style, style, zoo_models
-from experiments.leaderboard import _algo_overrides, algorithms
+from experiments.common import (
+    algo_overrides, algorithms, experiment_args, model_overrides, models_of, output_dir, series_style, style, zoo_models,
+)
+from harness.compose import compose
 
 SIZES = [300, 1000, 3000, 10000, 30000, 100000]
 QUICK_SIZES = [100, 300, 1000]
@@ -44,7 +45,7 @@ def run_point(overrides: Sequence[str]) -> dict[str, Any]:
 def _is_layer(algo: str) -> bool:
     from harness.run import build
 
-    cfg = compose(["model=lenet5", *_algo_overrides(algo)])
+    cfg = compose(["model=lenet5", *algo_overrides(algo)])
     return getattr(build(cfg)[3], "graph_kind", "op") == "layer"
 
 
@@ -88,21 +89,19 @@ def plot(df: pd.DataFrame, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments scaling", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, two zoo models, short limits")
+    ap = experiment_args("scaling", __doc__.splitlines()[0], "scaling", quick="small sizes, two zoo models, short limits",
+                         models="every zoo model")
     ap.add_argument("--sizes", nargs="*", type=int, default=None)
-    ap.add_argument("--models", nargs="*", default=None, help="zoo models (default: all)")
     ap.add_argument("--algos", nargs="*", default=None)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per point (default 300, quick 30)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", default=None, help="output dir (default results/scaling; --quick: outputs/experiments_quick/scaling)")
     args = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(args)
     sizes = a.sizes or (QUICK_SIZES if a.quick else SIZES)
-    zoo = a.models or (QUICK_ZOO if a.quick else zoo_models())
+    zoo = models_of(a, zoo_models(), QUICK_ZOO)
     algos = a.algos or algorithms()
     timeout = a.timeout or (30.0 if a.quick else 300.0)
-    out = output_dir(a, "scaling")
+    out = output_dir(a)
     base = [f"cluster={CLUSTER}", "output.trace=false", "output.gantt=false"]
     rows: list[dict[str, Any]] = []
 
@@ -110,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     alive = list(op_algos)
     for n in sizes:
         jobs = [Job((("family", "synthetic"), ("algo", x), ("size", str(n))),
-                    tuple([f"model=synthetic", f"model.nodes={n}", *base, *_algo_overrides(x)])) for x in alive]
+                    tuple([f"model=synthetic", f"model.nodes={n}", *base, *algo_overrides(x)])) for x in alive]
         got = run_jobs(jobs, run_point, timeout, workers=a.workers, desc=f"synthetic {n}")
         rows += got
         slow = {r["algo"] for r in got if r["status"] != "ok" or r["search_s"] > timeout / 3}
@@ -119,18 +118,19 @@ def main(argv: list[str] | None = None) -> int:
             rows += [{"family": "synthetic", "algo": x, "size": str(m), "status": "skipped",
                       "error": f"not run: size {n} took more than a third of the {timeout:g} s limit"} for m in later]
         alive = [x for x in alive if x not in slow]
-    for m in zoo:  # capture once in the parent; forked workers reuse it
+    for m, b in zoo:  # capture once in the parent; forked workers reuse it
         from harness.run import build
 
-        cfg = compose([f"model={m}", *base])
+        cfg = compose([*model_overrides(m, b), *base])
         src = build(cfg)[0]
         src.op_graph(**cfg.graph)
         try:
             src.layer_graph()
         except Exception:  # noqa: BLE001 - the layer cells will report the error
             pass
-    jobs = [Job((("family", "zoo"), ("algo", x), ("size", m)), tuple([f"model={m}", *base, *_algo_overrides(x)]))
-            for m in zoo for x in algos]
+    jobs = [Job((("family", "zoo"), ("algo", x), ("size", m if b is None else f"{m}:{b}")),
+                tuple([*model_overrides(m, b), *base, *algo_overrides(x)]))
+            for m, b in zoo for x in algos]
     rows += run_jobs(jobs, run_point, timeout, workers=a.workers, desc="zoo")
     df = pd.DataFrame(rows)
     df.to_csv(out / "scaling.csv", index=False)

@@ -5,15 +5,14 @@ of a cpu2 rank) at the batch sizes the strategies need (B and B/2), into the pro
 directory of cpu2's device kind.  By default each op is timed *in situ* (its call inside whole
 steps, ``harness.profile mode=in_situ``, filed under ``<out>/profiles``): timed in isolation
 (``--profile-mode isolated``, the profiles of results/profiles) an op runs on warm caches and
-the steps of these small models come out 25-35% short on a single device.  Then, for each
+the steps of these small models come out short on a single device.  Then, for each
 algorithm whose plan can run for real (operator placements and data parallelism on the
 captured graph), ``python -m harness cluster=cpu2 costs=profiled sim=realrun`` is run: the
 event simulator gives the simulated step time, the two pinned gloo ranks the measured one
 (5 warm-up steps, mean of the next 50).  A shared machine drifts by tens of percent between
 minutes, so the experiment runs ``--repeats`` rounds; in each, every model is profiled and
 its cases are planned, simulated and run right after, with that round's profile, so that a
-fast or slow spell falls on both sides of the round's error (profiled all first, LeNet's
-three profiles once summed to 20-30% below each of its later single-device runs).  A
+fast or slow spell falls on both sides of the round's error.  A
 case reports the round with the median error, with every round's measured time and error
 and their spread; the profiles kept under ``<out>/profiles`` are the rounds' medians, op by
 op.  Reported per case: both times, the relative error (simulated / measured - 1), and
@@ -33,9 +32,7 @@ also simulated under the simulator's other model of what a message costs a CPU r
 The communication figures of cpu2 (link, all-reduce and what a message costs the ranks'
 cores, ``host_comm``) come from ``python -m harness.calibrate --write``, measured the way
 ``sim=realrun`` runs (each rank on its own core, idle spinners on both).  The profiler and
-the ranks both keep the memory they free (:func:`harness.profile.steady_malloc`): with
-glibc's defaults a LeNet rank page-faulted 1635 times per step in one process and not at all
-in another.  Timing needs a quiet machine: the load average is recorded before and after
+the ranks both keep the memory they free (:func:`harness.core.timing.steady_malloc`).  Timing needs a quiet machine: the load average is recorded before and after
 the run.
 
 The searches use the simulator to *rank* strategies, so per model, across its executed
@@ -68,7 +65,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.common import CONF, compose, output_dir, print_table, style
+from experiments.common import output_dir, print_table, style
+from harness.compose import CONF, compose
 
 #: small models whose step takes 10-100 ms on one core: name -> overrides of python -m harness
 MODELS: dict[str, list[str]] = {
@@ -118,7 +116,8 @@ def _comm_summary(c: Any) -> str:
 def profile_model_once(src: Any, profile_root: Path, kind: str, reps: int, warmup: int, mode: str) -> pd.DataFrame:
     """Profile one model at B and B/2 on this CPU at one thread, file it under cpu2's device
     kind in ``profile_root`` and return it."""
-    from harness.profile import profile_dir_for, profile_model
+    from harness.profile import profile_model
+    from harness.core.profiled import profile_dir_for
 
     B = int(src.batch_size)
     files = profile_model(src, device="cpu", batch_sizes=sorted({max(1, B // 2), B}), threads=1, warmup=warmup, reps=reps,
@@ -135,7 +134,7 @@ def median_profile(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def _check_kind(kind: str) -> None:
-    from harness.profile import device_name
+    from harness.core.timing import device_name
 
     here = device_name("cpu", 1)
     if here != kind:
@@ -163,7 +162,7 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
     """One (model, algorithm) on cpu2: simulated (profiled and analytical costs) and measured;
     with ``interleave``, also simulated with the profile the ranks took between the measured
     steps (``sim.interleave_profile``)."""
-    from harness.costs import AnalyticalCostModel
+    from harness.core.costs import AnalyticalCostModel
     from harness.run import run
     from simulators.realrun import RealRunError
     from simulators.simulate import simulate
@@ -517,8 +516,10 @@ def print_rank_summary(summary: pd.DataFrame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments sim_accuracy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="*", default=None, help=f"of {list(MODELS)} (default: all)")
+    from experiments.common import experiment_args
+
+    ap = experiment_args("sim_accuracy", __doc__, "sim_accuracy", models=f"all of {list(MODELS)}", batch=None,
+                         quick="lenet5 (batch 16), round robin, 3 steps: checks the pipeline, not the accuracy")
     ap.add_argument("--algos", nargs="*", default=None, help="algorithms (default: those of ALGOS present in conf/algo)")
     ap.add_argument("--steps", type=int, default=50, help="measured steps per case (Celeritas: 50)")
     ap.add_argument("--warmup", type=int, default=5, help="discarded steps per case (Celeritas: 5)")
@@ -531,14 +532,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-mode", default="in_situ", choices=["isolated", "in_situ"],
                     help="in_situ (default): every op inside whole steps; isolated: each distinct op alone (harness.profile's default)")
     ap.add_argument("--no-interleave", action="store_true", help="do not profile during the real runs (sim.interleave_profile=false)")
-    ap.add_argument("--out", default=None,
-                    help="output dir (default results/sim_accuracy; --quick: outputs/experiments_quick/sim_accuracy)")
-    ap.add_argument("--quick", action="store_true", help="lenet5 (batch 16), round robin, 3 steps: checks the pipeline, not the accuracy")
     ap.add_argument("--summarize-only", action="store_true",
                     help=f"measure nothing: recompute the per-model rank summary from <out>/sim_accuracy.csv into <out>/{RANKS_CSV} "
                          "and its section of <out>/README.md (writes nothing else, nowhere else)")
     a = ap.parse_args(argv)
-    out = output_dir(a, "sim_accuracy")
+    out = output_dir(a)
     if a.summarize_only:
         other = [f"--{k.replace('_', '-')}" for k, v in vars(a).items() if k not in ("summarize_only", "out") and v != ap.get_default(k)]
         if other:
@@ -568,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     kind = cpu2.devices[0].spec.kind
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
-    from harness.profile import profile_dir_for, write_profile
+    from harness.profile import write_profile
+    from harness.core.profiled import profile_dir_for
     from harness.run import build
 
     if not a.no_profile:
@@ -594,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         if frames:
             write_profile(median_profile(frames), profile_dir_for(kind, root))
     df = pd.DataFrame([combine_runs(rs) for rs in runs.values()])
-    from harness.profile import cpu_model
+    from harness.core.timing import cpu_model
 
     cmd = "python -m experiments sim_accuracy" + (" --quick" if a.quick else "") + (f" --profile-mode {a.profile_mode}" if a.profile_mode != "in_situ" else "")
     meta = {"cpu": cpu_model(), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup, "load_before": load_before, "mode": a.profile_mode,

@@ -6,7 +6,7 @@ Every job runs in a process of its own and writes into its own directory (see
 is skipped (re-run a sweep with the same ``hydra.sweep.dir`` to resume it; ``resume=false``
 forces every job), a failed job lets the others run, and the sweep ends with ``N ok, M
 failed, K skipped`` and exits 1 if a job failed.  An error that is the user's (a config that
-does not compose, a misspelt override, a :class:`~harness.errors.UserError`) ends the command
+does not compose, a misspelt override, a :class:`~harness.core.errors.UserError`) ends the command
 with one line on stderr and status 1; ``HYDRA_FULL_ERROR=1`` or ``debug=true`` shows the
 traceback, which a bug always shows.
 """

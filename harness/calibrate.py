@@ -9,7 +9,7 @@ Measures, with the process pinned to ``threads`` cores and ``torch.set_num_threa
 * memory bandwidth: ``dst.copy_(src)`` of a tensor much larger than the caches, bytes read
   plus bytes written per second (the roofline's ``work_bytes`` counts both): ``mem_bw_GBps``;
 * the gloo link: two processes pinned to their own cores (with the idle spinners of
-  ``sim=realrun`` on them, :class:`~harness.profile.IdleSpinners`) ping-pong tensors of growing
+  ``sim=realrun`` on them, :class:`~harness.core.timing.IdleSpinners`) ping-pong tensors of growing
   size with ``isend``/``irecv`` on loopback, a stream of round trips per size without barriers
   in between, as a real run's messages follow one another, every receive posted before the
   stream starts, as ``sim=realrun`` posts a step's receives; the *mean* half round trip per
@@ -67,7 +67,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.profile import cpu_model, device_name, pin_to_cores, rank_cores
+from harness.core.timing import cpu_model, device_name, pin_to_cores, rank_cores
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,7 +118,7 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
     import torch
     import torch.distributed as dist
 
-    from harness.profile import IdleSpinners, steady_malloc
+    from harness.core.timing import IdleSpinners, steady_malloc
 
     cores = cores_of[rank]
     if hasattr(os, "sched_setaffinity"):
@@ -332,8 +332,8 @@ def _recv_after_gap(rank: int, peer: int, rounds: int, n_msg: int = 24) -> dict[
     round, as ``sim=realrun`` posts them): from rank 0's ``isend`` (rank 0 spins meanwhile, so
     that its send stays hot) to rank 1's wait returning, plus how much longer rank 1's first op
     after the wait (three 64 x 64 matmuls) takes than the same op right after it; per gap
-    (key), the median over ``n_msg`` rounds, per round.  On the cpu2 VM this grows from 80-120 us
-    to 210-290 us after 5 ms and 290-390 us after 20 ms: the receiver's network stack leaves the
+    (key), the median over ``n_msg`` rounds, per round.  It grows with the gap
+    (figures: results/calibration/README.md): the receiver's network stack leaves the
     caches as the sender's does (:func:`_send_after_gap`)."""
     import torch
     import torch.distributed as dist
@@ -436,7 +436,7 @@ def drift(seconds: float = 60.0, window_s: float = 2.0, threads: int = 1, spin: 
     import numpy as np
     import torch
 
-    from harness.profile import IdleSpinners, pinned, steady_malloc
+    from harness.core.timing import IdleSpinners, pinned, steady_malloc
 
     steady_malloc()
     g = torch.Generator().manual_seed(0)
@@ -478,7 +478,7 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
     all-reduces per size between two pinned gloo ranks, and their alpha-beta fits: the link's
     ``lat_s``, ``bw_Bps`` (``t = lat + bytes / bw``) and the collective's ``coll_lat_s``,
     ``coll_bw_Bps`` in the ring formula of two ranks (``t = 2 lat + bytes / bw``).  ``spin``
-    runs :class:`~harness.profile.IdleSpinners` on the ranks' cores, as ``sim=realrun`` does."""
+    runs :class:`~harness.core.timing.IdleSpinners` on the ranks' cores, as ``sim=realrun`` does."""
     import numpy as np
     import torch.multiprocessing as mp
 
@@ -590,7 +590,7 @@ def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
 # sim=realrun does; {link.get("busy_sender_late_mean_s", float("nan")) * 1e6:.0f} us (median {link.get("busy_sender_late_median_s", float("nan")) * 1e6:.0f} us) posted later (sim.early_recv=false).
 defaults:
   - device: cpu_host
-_target_: harness.cluster.build_cluster
+_target_: harness.core.cluster.build_cluster
 name: cpu2
 gpus: 2          # devices per host (CPU devices here)
 nodes: 1
@@ -613,7 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from harness.profile import ProfileError, thread_count
+    from harness.core.errors import ProfileError
+    from harness.core.timing import thread_count
 
     try:
         thread_count(a.threads, "--threads")

@@ -28,7 +28,7 @@ Outcome
     (:class:`SweepSummary`, a Hydra callback registered in ``conf/config.yaml``); a single run
     that failed exits 1 with ``error: <the culprit>`` on stderr (:class:`JobFailed`), its
     traceback with ``HYDRA_FULL_ERROR=1`` or ``debug=true``, and always for a bug (an
-    exception that is neither a :class:`~harness.errors.UserError` nor a config error).
+    exception that is neither a :class:`~harness.core.errors.UserError` nor a config error).
 
 This module registers its resolvers when imported: ``harness.__main__`` imports it, and a
 joblib worker imports it when it unpickles the task function or the callback, before Hydra
@@ -60,7 +60,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.errors import UserError
+from harness.core.errors import UserError
 from harness.run import config_hash, format_summary, run, write_json_atomic, write_outputs
 
 log = logging.getLogger("harness")

@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness.cluster import Cluster
-from harness.errors import UserError
-from harness.strategy import Plan
+from harness.core.cluster import Cluster
+from harness.core.errors import UserError
+from harness.core.strategy import Plan
 
 #: figures an algorithm may report in ``Plan.info`` that result.json carries at top level
 LIFTED_INFO_KEYS = ("objective_s", "search_complete", "search_budget_s", "samples")
@@ -92,7 +92,7 @@ def build(cfg: Any) -> tuple[Any, Cluster, Any, Any, Any]:
 NON_RESULT_KEYS = ("output", "resume", "debug")
 
 #: the cost model that reads the Parquet profiles under a profile root (``costs=profiled``)
-PROFILED_COSTS = "harness.profiled.ProfiledCostModel"
+PROFILED_COSTS = "harness.core.profiled.ProfiledCostModel"
 
 
 def input_files(plain: dict[str, Any]) -> dict[str, Path]:
@@ -120,7 +120,7 @@ def input_files(plain: dict[str, Any]) -> dict[str, Path]:
     walk(plain)
     costs = plain.get("costs") or {}
     if costs.get("_target_") == PROFILED_COSTS:
-        from harness.profile import PROFILE_ROOT
+        from harness.core.profiled import PROFILE_ROOT
 
         roots = {"costs.profile_dir": Path(costs.get("profile_dir") or PROFILE_ROOT),
                  **{f"costs.profiles.{k}": Path(v) for k, v in (costs.get("profiles") or {}).items()}}
@@ -261,7 +261,7 @@ def format_summary(row: dict[str, Any]) -> str:
         *([("measured step", f"{format_seconds(row['measured_step_time_s'])} (real run, mean of {row.get('measured_steps')} steps)")]
           if row.get("measured_step_time_s") is not None else []),
         ("lower bound", f"{format_seconds(row['lower_bound_s'])} (gap {100 * row.get('gap_to_bound', 0.0):.1f}%)"),
-        *_worth_lines(row),
+        *worth_lines(row),
         ("OOM", oom),
         ("bytes moved", format_bytes(row["comm_bytes"]) + (
             " (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in row.get("bytes_by_class", {}).items() if v) + ")"
@@ -272,7 +272,7 @@ def format_summary(row: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in lines)
 
 
-def _worth_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
+def worth_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
     """Summary lines of :mod:`harness.worth`'s keys (none when the job did not compute them)."""
     out: list[tuple[str, str]] = []
     single = row.get("speedup_vs_single_device")
@@ -329,7 +329,7 @@ def write_measured_trace(tl: dict[str, Any], path: Path) -> None:
     phase (ops), mean start, end and duration in seconds over the measured steps."""
     import csv
 
-    from harness.graph import PHASES
+    from harness.core.graph import PHASES
     from simulators.realrun import TRACE_KINDS, TRACE_OP
 
     with open(path, "w", newline="") as fh:

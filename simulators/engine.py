@@ -6,10 +6,10 @@
 * A transfer (or collective) holds every link of its route for its whole duration; links
   serve transfers first come, first served, so transfers that share a link contend.
   A transfer is queued when its producer finishes and starts once all its links are free.
-* A transfer with a ``steal`` time (CPU devices whose receiving thread shares the core,
-  ``host_comm.recv_when: busy``) that arrives while its destination device computes
-  lengthens that compute task by it: the receive preempted the op.  Arriving at an idle
-  device it costs nothing more (the link's latency holds the wake-up).
+* A transfer with a ``steal`` time (CPU devices whose receiving thread shares the core:
+  :class:`simulators.hostcost.CpuHostCost` with ``recv_when: busy``) that arrives while its
+  destination device computes lengthens that compute task by it: the receive preempted the
+  op.  Arriving at an idle device it costs nothing more (the link's latency holds the wake-up).
 * Events are kept in a heap of ``(time, task id)``: ties are broken by task id, so the
   same input gives the same timeline bit for bit.
 * Memory: a compute task allocates its output buffer when it starts, a transfer its

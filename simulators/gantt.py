@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.graph import PHASES
+from harness.core.graph import PHASES
 from simulators.simulate import SimResult
 from simulators.taskgraph import COMPUTE
 

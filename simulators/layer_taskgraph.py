@@ -1,10 +1,10 @@
 """Expansion of a layer-graph strategy (OptCNN / PaSE configurations) into the engine's
 :class:`~simulators.taskgraph.TaskGraph`, so :func:`simulators.engine.run` replays it unchanged.
 
-One training step, per layer v and shard s of v's configuration (:mod:`harness.layer_shards`):
+One training step, per layer v and shard s of v's configuration (:mod:`harness.core.layer_shards`):
 
 * **forward** compute task on the shard's device (the ``forward`` part of
-  :meth:`~harness.costs.AnalyticalCostModel.layer_times` for the shard's fraction of the
+  :meth:`~harness.core.costs.AnalyticalCostModel.layer_times` for the shard's fraction of the
   iteration domain), in topological order; where the configuration splits a reduction dim
   (a GEMM's k), the shards of each output part then all-reduce their partial sums
   (a COLLECTIVE);
@@ -20,6 +20,9 @@ One training step, per layer v and shard s of v's configuration (:mod:`harness.l
   backward (ring or parameter server, ``costs.sync``), a COLLECTIVE per replica group;
 * then nothing else (no optimizer tasks: the update is local).
 
+On a cluster with ``host_comm`` (CPU ranks, cpu2) the transfers also cost the endpoints'
+cores compute time, as in the operator-graph expansion (:mod:`simulators.hostcost`).
+
 Inputs are written by the data loader where they are needed: they have no tasks and their
 edges move nothing. Memory: a forward task allocates its output part, read by its consumers'
 forward *and backward* tasks (activations live until their backward use), a backward task
@@ -33,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.cluster import Cluster
-from harness.graph import BACKWARD, FORWARD
-from harness.layer_shards import (
+from harness.core.cluster import Cluster
+from harness.core.graph import BACKWARD, FORWARD
+from harness.core.layer_shards import (
     OUTPUT,
     REDUCTION,
     ShardGrid,
@@ -49,9 +52,10 @@ from harness.layer_shards import (
     strategy_rows,
     sync_bytes,
 )
-from harness.layergraph import LayerGraph
-from harness.strategy import Strategy
-from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGraph, _csr, _unique
+from harness.core.layergraph import LayerGraph
+from harness.core.strategy import Strategy
+from simulators.hostcost import Messages, host_cost
+from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGraph, csr, sorted_unique
 
 
 class _Tasks:
@@ -280,24 +284,31 @@ def build_layer_taskgraph(lg: LayerGraph, strategy: Strategy, cluster: Cluster, 
 
     # ---- assemble
     T = len(tk.kind)
-    dep = _unique(np.asarray(tk.dep_src, dtype=np.int64) * T + np.asarray(tk.dep_dst, dtype=np.int64)) if tk.dep_src else np.zeros(0, np.int64)
+    dep = np.asarray(tk.dep_src, dtype=np.int64) * T + np.asarray(tk.dep_dst, dtype=np.int64) if tk.dep_src else np.zeros(0, np.int64)
+    dep = sorted_unique(dep) if len(dep) else dep
     dsrc, ddst = dep // max(T, 1), dep % max(T, 1)
-    succ_ptr, succ_idx = _csr(T, dsrc, ddst)
+    succ_ptr, succ_idx = csr(T, dsrc, ddst)
     indeg = np.bincount(ddst, minlength=T)
     alloc_dev = np.asarray(tk.alloc_dev, dtype=np.int64)
     up = np.asarray(tk.use_task, dtype=np.int64) * T + np.asarray(tk.use_buf, dtype=np.int64) if tk.use_task else np.zeros(0, np.int64)
-    up = _unique(up) if len(up) else up
+    up = sorted_unique(up) if len(up) else up
     ut, ub = up // max(T, 1), up % max(T, 1)
     keep = alloc_dev[ub] >= 0 if len(ub) else np.zeros(0, bool)
-    use_ptr, use_idx = _csr(T, ut[keep], ub[keep])
+    use_ptr, use_idx = csr(T, ut[keep], ub[keep])
     res_len = np.array([len(x) for x in tk.links], dtype=np.int64)
     res_ptr = np.zeros(T + 1, dtype=np.int64)
     np.cumsum(res_len, out=res_ptr[1:])
     res_idx = np.asarray([l for x in tk.links for l in x], dtype=np.int64)
     kind = np.asarray(tk.kind, dtype=np.int8)
+    dev = np.asarray(tk.dev, dtype=np.int64)
+    prio = np.asarray(tk.prio, dtype=np.int64)
+    # what the transfers cost the endpoints' cores on CPU ranks (simulators.hostcost)
+    compute = kind == COMPUTE
+    msgs = Messages.of(compute, np.where(compute, dev, -1), prio, np.asarray(tk.dur, dtype=np.float64),
+                       np.asarray(tk.nbytes, dtype=np.int64), dsrc, ddst, kind == TRANSFER)
+    dur, steal = host_cost(cluster).charge(msgs)
     return TaskGraph(
-        kind=kind, dev=np.asarray(tk.dev, dtype=np.int64), dst=np.asarray(tk.dst, dtype=np.int64),
-        dur=np.asarray(tk.dur, dtype=np.float64), prio=np.asarray(tk.prio, dtype=np.int64),
+        kind=kind, dev=dev, dst=np.asarray(tk.dst, dtype=np.int64), dur=dur, prio=prio,
         node=np.asarray(tk.node, dtype=np.int64), param=np.full(T, -1, dtype=np.int64),
         nbytes=np.asarray(tk.nbytes, dtype=np.int64), res_ptr=res_ptr, res_idx=res_idx,
         succ_ptr=succ_ptr, succ_idx=succ_idx, indeg=indeg, alloc_dev=alloc_dev,
@@ -305,5 +316,5 @@ def build_layer_taskgraph(lg: LayerGraph, strategy: Strategy, cluster: Cluster, 
         static_mem=static.astype(np.int64), num_shards=int((kind == COMPUTE).sum()),
         wire_bytes=np.asarray(tk.wire, dtype=np.float64),
         meta={"graph": "layer", "flops": np.asarray(tk.flops, dtype=np.float64)},
-        phase=np.asarray(tk.phase, dtype=np.int8), label=tk.label,
+        phase=np.asarray(tk.phase, dtype=np.int8), label=tk.label, steal=steal,
     )

@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import PHASES, OpGraph
-from harness.layergraph import LayerGraph
-from harness.strategy import Strategy
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import PHASES, OpGraph
+from harness.core.layergraph import LayerGraph
+from harness.core.strategy import Strategy
 from simulators import engine
-from simulators.taskgraph import COLLECTIVE, COMPUTE, TASK_KINDS, TRANSFER, TaskGraph, _unique, build_taskgraph
+from simulators.taskgraph import COLLECTIVE, COMPUTE, TASK_KINDS, TRANSFER, TaskGraph, build_taskgraph, sorted_unique
 
 
 @dataclass(eq=False)
@@ -149,7 +149,7 @@ def simulate(graph: OpGraph | LayerGraph, strategy: Strategy, cluster: Cluster, 
     owner = np.repeat(np.arange(tg.num_tasks), np.diff(tg.res_ptr))
     by_class: dict[str, int] = {c: 0 for c in classes}
     if len(owner):
-        pairs = _unique(owner * len(classes) + cls_of_link[tg.res_idx])
+        pairs = sorted_unique(owner * len(classes) + cls_of_link[tg.res_idx])
         sums = np.bincount(pairs % len(classes), weights=tg.wire_bytes[pairs // len(classes)], minlength=len(classes))
         by_class = {c: int(round(s)) for c, s in zip(classes, sums)}
     kinds = np.bincount(tg.kind, minlength=3)

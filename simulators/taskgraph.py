@@ -5,9 +5,9 @@ Tasks are of three kinds: ``COMPUTE`` (one shard of an operator on its device),
 over the links of a ring).  The expansion happens in two stages:
 
 1. *Shards* (virtual nodes): a placed node is one shard; a node with a
-   :class:`~harness.strategy.ParallelConfig` along the sample dimension is one shard per
+   :class:`~harness.core.strategy.ParallelConfig` along the sample dimension is one shard per
    device, each doing ``1/k`` of the work when its work shrinks with the batch split
-   (:meth:`~harness.graph.OpGraph.batch_scaled`: ``batched`` ops and ``partial`` ops that
+   (:meth:`~harness.core.graph.OpGraph.batch_scaled`: ``batched`` ops and ``partial`` ops that
    read a batched tensor) or all of it when it does not (``replicated`` ops, and ``partial``
    ops on parameter-sized data such as an unrolled RNN's gradient accumulation).  An edge from a
    ``partial`` producer (a weight gradient) to a ``replicated`` consumer that needs the
@@ -34,10 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from harness.cluster import Cluster
-from harness.costs import CostModel
-from harness.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
-from harness.strategy import Strategy, StrategyError
+from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
+from harness.core.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
+from harness.core.strategy import Strategy, StrategyError
+from simulators.hostcost import Messages, host_cost
 
 COMPUTE, TRANSFER, COLLECTIVE = 0, 1, 2
 TASK_KINDS = ("compute", "transfer", "collective")
@@ -91,13 +92,13 @@ class TaskGraph:
     num_shards: int
     wire_bytes: np.ndarray  # bytes on the wire per task (a ring all-reduce moves 2(p-1)/p per member)
     meta: dict[str, Any] = field(default_factory=dict)
-    #: optional per-task phase (harness.graph.PHASES index) and label, for graphs whose nodes
+    #: optional per-task phase (harness.core.graph.PHASES index) and label, for graphs whose nodes
     #: have no phase of their own (a layer graph's node runs forward and backward)
     phase: np.ndarray | None = None
     label: list[str] | None = None
     #: per task: compute time a transfer takes from its destination device if that device is
-    #: computing when it arrives (host_comm ``recv_when: busy``: the receiving thread preempts
-    #: the running op, which ends that much later); 0 for other tasks, None without any
+    #: computing when it arrives (:mod:`simulators.hostcost`, ``recv_when: busy``: the receiving
+    #: thread preempts the running op, which ends that much later); 0 for other tasks, None without any
     steal: np.ndarray | None = None
 
     @property
@@ -110,17 +111,12 @@ def _out_mem(graph: OpGraph) -> np.ndarray:
     return np.where(graph.free | (graph.phase == UPDATE), 0, graph.out_bytes).astype(np.int64)
 
 
-def _param_home_nodes(graph: OpGraph) -> np.ndarray:
+def param_home_nodes(graph: OpGraph) -> np.ndarray:
     """Home node of each parameter: its update op, else its first reader."""
     home = graph.update_node.astype(np.int64).copy() if len(graph.update_node) else np.full(len(graph.param_bytes), -1, np.int64)
     if len(home) < len(graph.param_bytes):
         home = np.concatenate([home, np.full(len(graph.param_bytes) - len(home), -1)])
-    counts = np.diff(graph.param_ptr)
-    owners = np.repeat(np.arange(graph.num_nodes), counts)
-    first = np.full(len(graph.param_bytes), -1, dtype=np.int64)
-    if len(owners):
-        first[graph.param_idx[::-1]] = owners[::-1]
-    return np.where(home >= 0, home, first)
+    return np.where(home >= 0, home, graph.param_first_reader())
 
 
 def _placement_shards(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: CostModel) -> Shards:
@@ -133,7 +129,7 @@ def _placement_shards(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
     counts = np.diff(graph.param_ptr)
     r_shard = np.repeat(np.arange(n), counts)
     r_param = graph.param_idx.astype(np.int64)
-    home_node = _param_home_nodes(graph)
+    home_node = param_home_nodes(graph)
     home = np.zeros((len(graph.param_bytes), cluster.num_devices), dtype=bool)
     has = home_node >= 0
     home[np.flatnonzero(has), dev[home_node[has]]] = True
@@ -261,7 +257,7 @@ def _config_shards(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: 
                 src_i = du.index(dj) if dj in du else j % ku
                 e_src.append(su[src_i]), e_dst.append(sj), e_bytes.append(int(round(b * (hi - lo)))), e_data.append(True)
 
-    home_node = _param_home_nodes(graph)
+    home_node = param_home_nodes(graph)
     home = np.zeros((len(graph.param_bytes), cluster.num_devices), dtype=bool)
     for p, h in enumerate(home_node.tolist()):
         if h >= 0:
@@ -323,7 +319,7 @@ def _buffer_roots(forward: np.ndarray, inp_task: np.ndarray, inp_buf: np.ndarray
         root = nxt
 
 
-def _unique(a: np.ndarray, return_inverse: bool = False) -> Any:
+def sorted_unique(a: np.ndarray, return_inverse: bool = False) -> Any:
     """Sorted unique values (and inverse), by sorting: numpy's hash-based unique is slower here."""
     if not return_inverse:
         s = np.sort(a)
@@ -336,71 +332,13 @@ def _unique(a: np.ndarray, return_inverse: bool = False) -> Any:
     return s[first], inv
 
 
-def _csr(n: int, keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def csr(n: int, keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Compressed rows of (key, value) pairs over keys ``0..n-1``: ``(ptr, values)``, each
+    row's values in their input order."""
     order = np.argsort(keys, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
     return ptr, vals[order]
-
-
-def _cold_recv_s(sh: Shards, reader: np.ndarray, host: dict) -> np.ndarray:
-    """Extra time of each transfer's first reader on a host whose receives, like its sends
-    (:func:`_cold_send_s`), cost more the longer the receiving core computed since its previous
-    one (``host_comm: {recv_cold_us, recv_tau_us}``, measured by ``harness.calibrate``: on the
-    cpu2 VM from a hot sender's ``isend`` to the end of the receiver's next op took 80-120 us
-    after another receive, 210-290 us after 5 ms of compute and 290-390 us after 20 ms):
-    ``recv_cold_us * (1 - exp(-gap / recv_tau_us))``, the gap being the compute the receiving
-    device ran (in its schedule order) since the previous shard that first read a received
-    tensor; zero without those keys."""
-    return _cold_s(sh, reader, np.ones(len(reader), dtype=bool), float(host.get("recv_cold_us", 0.0)) * 1e-6,
-                   float(host.get("recv_tau_us", 1.0)) * 1e-6, at_start=True)
-
-
-def _cold_send_s(sh: Shards, t_src: np.ndarray, own: np.ndarray, host: dict) -> np.ndarray:
-    """Extra sender time of each transfer on a host whose sends cost more the longer its core
-    has computed since its previous send (``host_comm: {send_cold_us, send_tau_us}``, measured
-    by ``harness.calibrate``: on the cpu2 VM an ``isend`` costs about 60-70 us right after another
-    and 130-270 us after 5-20 ms of compute - the network stack's state has left the
-    caches): ``send_cold_us * (1 - exp(-gap / send_tau_us))``, the gap being the compute time
-    of the shards the device runs (in its schedule order) between the previous producer that
-    sent and this one; the first send of a step counts from the step's start, and a
-    producer's second transfer (to another device) follows its first at once.  Zero without
-    those keys."""
-    return _cold_s(sh, t_src, own, float(host.get("send_cold_us", 0.0)) * 1e-6, float(host.get("send_tau_us", 1.0)) * 1e-6)
-
-
-def _cold_s(sh: Shards, at: np.ndarray, own: np.ndarray, cold: float, tau: float, at_start: bool = False) -> np.ndarray:
-    """``cold * (1 - exp(-gap / tau))`` for each shard of ``at`` that ``own`` selects (one
-    per transfer), the gap being the compute its device ran, in schedule order, from the end
-    of the previous selected shard on that device (the device's start for the first) to the
-    end of this one - or to its start (``at_start``: a receive comes before its reader runs);
-    0 for a shard that appears twice."""
-    out = np.zeros(len(at))
-    if cold <= 0.0 or not len(at):
-        return out
-    tau = max(tau, 1e-12)
-    m = len(sh.node)
-    seq = np.lexsort((np.arange(m), sh.prio, sh.dev))  # each device's shards in schedule order
-    dev_sorted = sh.dev[seq]
-    comp = np.where(sh.is_coll, 0.0, sh.dur)  # a collective is no compute of its anchor device
-    cum = np.cumsum(comp[seq])
-    first = np.r_[True, dev_sorted[1:] != dev_sorted[:-1]]
-    base = np.maximum.accumulate(np.where(first, cum - comp[seq], -np.inf))  # cum at each device's start
-    end_at = np.empty(m)
-    end_at[seq] = cum - base  # compute time from the device's start to the end of each shard
-    pos = np.empty(m, dtype=np.int64)
-    pos[seq] = np.arange(m)
-    idx = np.flatnonzero(own)
-    shards = at[idx]
-    order = np.lexsort((idx, pos[shards]))  # in schedule order (device-major, as ``seq``)
-    sidx, s_at = idx[order], shards[order]
-    s_dev, s_end = sh.dev[s_at], end_at[s_at]
-    new_dev = np.r_[True, s_dev[1:] != s_dev[:-1]]
-    prev_end = np.where(new_dev, 0.0, np.r_[0.0, s_end[:-1]])
-    this = s_end - comp[s_at] if at_start else s_end
-    gap = np.maximum(this - prev_end, 0.0)  # a shard met twice: gap 0
-    out[sidx] = cold * (1.0 - np.exp(-gap / tau))
-    return out
 
 
 def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: CostModel) -> TaskGraph:
@@ -422,7 +360,7 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
     r_src = sh.e_src[remote]
     r_dstdev = sh.dev[sh.e_dst[remote]]
     key = r_src * D + r_dstdev
-    ukey, inv = _unique(key, return_inverse=True)
+    ukey, inv = sorted_unique(key, return_inverse=True)
     nt = len(ukey)
     t_bytes = np.zeros(nt, dtype=np.int64)
     np.maximum.at(t_bytes, inv, sh.e_bytes[remote])
@@ -435,7 +373,7 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
     r_dev = sh.dev[sh.r_shard]
     pr_remote = ~sh.home[sh.r_param, r_dev] if len(sh.r_param) else np.zeros(0, dtype=bool)
     pkey = sh.r_param[pr_remote] * D + r_dev[pr_remote]
-    upkey, pinv = _unique(pkey, return_inverse=True)
+    upkey, pinv = sorted_unique(pkey, return_inverse=True)
     npt = len(upkey)
     p_param = upkey // D
     p_dstdev = upkey % D
@@ -447,9 +385,9 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
     # dependencies
     dep_src = np.concatenate([sh.e_src[local], t_src, t_ids[inv], p_ids[pinv]])
     dep_dst = np.concatenate([sh.e_dst[local], t_ids, sh.e_dst[remote], sh.r_shard[pr_remote]])
-    pair = _unique(dep_src * T + dep_dst)
+    pair = sorted_unique(dep_src * T + dep_dst)
     dep_src, dep_dst = pair // T, pair % T
-    succ_ptr, succ_idx = _csr(T, dep_src, dep_dst)
+    succ_ptr, succ_idx = csr(T, dep_src, dep_dst)
     indeg = np.bincount(dep_dst, minlength=T)
 
     # durations and resources
@@ -459,39 +397,16 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
     td = np.concatenate([t_dstdev, p_dstdev]).astype(np.int64)
     tb = np.concatenate([t_bytes, p_bytes]).astype(np.float64)
     dur[m:] = np.where(tb > 0, lat[tt, td] + tb / bw[tt, td], 0.0)
-    host = cluster.meta.get("host_comm")
-    steal = None
-    if host and nt:
-        # CPU devices talking over TCP (cpu2): each endpoint's own core sends or receives the
-        # bytes, so a transfer also costs compute time on both ends - the sender's while its
-        # producer runs on; the receiver's before its first reader (in order) can start, or
-        # (recv_when: busy) only when the message arrives while it computes, as gloo's receiving
-        # thread then preempts the op; a receiver that waits for it pays that in the latency
-        per_msg = float(host.get("per_message_us", 0.0))
-        copy_s = t_bytes / (float(host["copy_GBps"]) * 1e9)
-        send_s = float(host.get("send_us", per_msg)) * 1e-6 + copy_s
-        recv_s = float(host.get("recv_us", per_msg)) * 1e-6 + copy_s
-        own = ~sh.is_coll[t_src]  # a collective's result is sent by its members' communicators
-        np.add.at(dur, t_src[own], (send_s + _cold_send_s(sh, t_src, own, host))[own])
-        when = host.get("recv_when", "always")
-        if when not in ("always", "busy"):
-            raise ValueError(f"cluster {cluster.name!r}: host_comm.recv_when must be 'always' or 'busy', got {when!r}")
-        # the first reader (in order) of every received tensor pays recv_s (always) or the
-        # receive's cost to a waiting receiver (busy: recv_idle_us, the receiving thread's
-        # wake-up work that the op after the wait runs into); a busy receiver the rest
-        reader_s = recv_s if when == "always" else np.full(nt, float(host.get("recv_idle_us", 0.0)) * 1e-6)
-        rcv = sh.e_dst[remote]
-        by_order = np.lexsort((rcv, sh.prio[rcv], inv))
-        head = np.flatnonzero(np.concatenate([[True], inv[by_order][1:] != inv[by_order][:-1]]))
-        reader = np.empty(nt, dtype=np.int64)  # each transfer's first reader (in order)
-        reader[inv[by_order][head]] = rcv[by_order][head]
-        np.add.at(dur, reader, reader_s + _cold_recv_s(sh, reader, host))
-        if when == "busy":
-            steal = np.zeros(T)
-            steal[m:m + nt] = np.maximum(recv_s - reader_s, 0.0)
-        # the link's figures are a one-way time measured end to end with a waiting receiver,
-        # which already holds the endpoints' work now charged to them: the wire keeps the rest
-        dur[m:m + nt] = np.maximum(dur[m:m + nt] - send_s - reader_s, 0.0)
+    # what the messages (not the parameter reads) cost the endpoints' cores on CPU ranks; a
+    # collective's anchor device keeps it in that device's schedule order
+    kind = np.full(T, TRANSFER, dtype=np.int8)
+    kind[:m] = np.where(sh.is_coll, COLLECTIVE, COMPUTE)
+    message = np.zeros(T, dtype=bool)
+    message[m:m + nt] = True
+    msgs = Messages.of(kind == COMPUTE, np.concatenate([sh.dev, np.full(nt + npt, -1)]),
+                       np.concatenate([sh.prio, np.zeros(nt + npt, dtype=np.int64)]), dur,
+                       np.concatenate([np.zeros(m, dtype=np.int64), t_bytes, p_bytes]), dep_src, dep_dst, message)
+    dur, steal = host_cost(cluster).charge(msgs)
     # links held: a transfer its route's, a collective every link of its ring
     wire = np.zeros(T, dtype=np.float64)
     wire[m:] = tb
@@ -513,8 +428,6 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
     for cid, ls in ring.items():
         res_idx[res_ptr[cid]:res_ptr[cid + 1]] = ls
 
-    kind = np.full(T, TRANSFER, dtype=np.int8)
-    kind[:m] = np.where(sh.is_coll, COLLECTIVE, COMPUTE)
     dev = np.concatenate([np.where(sh.is_coll, -1, sh.dev), tt])
     dst = np.concatenate([np.full(m, -1), td])
     node = np.concatenate([sh.node, sh.node[t_src] if nt else np.zeros(0, np.int64), np.full(npt, -1)])
@@ -537,8 +450,8 @@ def build_taskgraph(graph: OpGraph, strategy: Strategy, cluster: Cluster, costs:
     u_task = np.concatenate([in_task, t_ids, sh.r_shard[pr_remote]])
     u_buf = np.concatenate([root[in_buf], root[t_src], p_ids[pinv]])
     keep = alloc_dev[u_buf] >= 0
-    upair = _unique(u_task[keep] * T + u_buf[keep])
-    use_ptr, use_idx = _csr(T, upair // T, upair % T)
+    upair = sorted_unique(u_task[keep] * T + u_buf[keep])
+    use_ptr, use_idx = csr(T, upair // T, upair % T)
 
     static = np.zeros(D, dtype=np.int64)
     for p in range(len(graph.param_bytes)):

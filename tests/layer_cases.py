@@ -8,7 +8,7 @@ import networkx as nx
 import numpy as np
 from hypothesis import strategies as st
 
-from harness.layergraph import LayerGraph
+from harness.core.layergraph import LayerGraph
 
 AXES = ("sample", "channel", "length")
 

@@ -16,19 +16,19 @@ import pytest
 from algorithms.celeritas import Celeritas
 from algorithms.fddps import FDDPS
 from algorithms.flexflow_mcmc import start_config
-from algorithms.layer_costs import build_tables
+from algorithms.layer_tables import build_tables
 from algorithms.metis_place import Metis, colocation_quotient
-from harness.costs import AnalyticalCostModel
-from harness.graph import OpGraph
+from harness.core.costs import AnalyticalCostModel
+from harness.core.graph import OpGraph
 from simulators.simulate import simulate
 from simulators.taskgraph import COLLECTIVE, COMPUTE
-from tests.conftest import make_cluster, make_graph
-from tests.test_capture import IMG, LABEL, Tiny
+from tests.helpers import make_cluster, make_graph
+from tests.helpers import IMG, LABEL, Tiny
 
 
 @pytest.fixture(scope="module")
 def tiny_graph() -> OpGraph:
-    from harness.capture import capture
+    from harness.core.capture import capture
 
     return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
@@ -79,7 +79,7 @@ def test_celeritas_and_order_place_plan_a_renumbered_graph(tiny_graph):
 
 
 def test_a_graph_file_with_unordered_ids_runs_celeritas_and_order_place(tmp_path, tiny_graph):
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import run
 
     path = tmp_path / "tiny_shuffled.json"
@@ -146,7 +146,7 @@ def test_celeritas_memory_and_objective_are_those_of_the_colocated_placement(adj
 
 @pytest.mark.slow
 def test_celeritas_with_gradients_colocated_on_resnet50_keeps_memory_and_objective():
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import build
 
     cfg = compose(["model=resnet50", "model.batch_size=256", "cluster=v100x4_pcie", "graph.colocate_gradients=true"])
@@ -225,7 +225,7 @@ def test_mcmc_start_differs_from_the_simulator_only_by_the_overlapped_sync():
 def test_mcmc_start_on_alexnet_p100x4_is_the_issue_figure():
     """The issue's case (costs=analytical): Eq. 1 61.8 ms, simulated 42.7 ms; t_C is the
     simulator's compute (42.6 ms) and all but 0.1 ms of the 19.2 ms of all-reduces overlap."""
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import build
 
     cfg = compose(["model=alexnet", "cluster=p100x4", "costs=analytical", "algo=flexflow_mcmc"])
@@ -242,7 +242,7 @@ def test_tables_under_calibrated_costs_cost_every_configuration_by_the_kernel_fi
     configurations of a layer in one call (``nodes`` repeats the layer), and every entry must
     get the calibrated time (once only the last did: on the DP start of vgg16 over p100x4, Eq. 1
     said 160.9 ms and the simulator 291.4 ms, three of four shards costed by the roofline)."""
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import build
     from tests.layer_cases import random_dag
 

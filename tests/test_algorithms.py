@@ -5,25 +5,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from algorithms.base import bfs_topological_order, follow_colocation
 from algorithms.baselines import DataParallel, RoundRobin, SingleDevice
 from algorithms.m_topo import MTopo
-from harness.costs import AnalyticalCostModel, node_memory
+from algorithms.sched.constraints import follow_colocation
+from algorithms.sched.orders import bfs_topological_order
+from harness.core.costs import AnalyticalCostModel, node_memory
 from simulators.simulate import simulate
-from tests.conftest import make_cluster, make_graph
-from tests.test_capture import IMG, LABEL, Tiny
+from tests.helpers import make_cluster, make_graph
+from tests.helpers import IMG, LABEL, Tiny
 
 ALGOS = [SingleDevice(), DataParallel(), RoundRobin(), MTopo(), MTopo(coloc_memory="all")]
 
 
 @pytest.fixture(scope="module")
 def tiny_graph():
-    from harness.capture import capture
+    from harness.core.capture import capture
 
     return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
 
-@pytest.mark.parametrize("algo", ALGOS, ids=lambda a: f"{a.name}-{a.params}")
+@pytest.mark.parametrize("algo", ALGOS, ids=lambda a: f"{a.name}-{a.describe()}")
 def test_valid_strategy_and_simulates(algo, tiny_graph):
     cl = make_cluster(4)
     costs = AnalyticalCostModel(cl)

@@ -8,18 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from algorithms.dfs_topo import DfsTopo
-from algorithms.listsched import static_costs
 from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT, favourite_child_lp, round_favourites
-from harness.costs import AnalyticalCostModel
+from algorithms.sched.levels import static_costs
+from harness.core.costs import AnalyticalCostModel
 from simulators.simulate import simulate
-from tests.conftest import make_cluster, make_graph
-from tests.test_capture import IMG, LABEL, Tiny
+from tests.helpers import make_cluster, make_graph
+from tests.helpers import IMG, LABEL, Tiny
 
 
 @pytest.fixture(scope="module")
 def tiny_graph():
-    from harness.capture import capture
+    from harness.core.capture import capture
 
     return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
@@ -113,7 +113,7 @@ def test_lp_bounds_and_rounded_favourites_are_a_matching(n, seed):
     w, c = rng.random(n) + 0.1, rng.random(len(edges))
     x, makespan, _ = favourite_child_lp(g, w, c)
     assert ((x > -1e-7) & (x < 1 + 1e-7)).all()
-    from algorithms.listsched import blevel
+    from algorithms.sched.levels import blevel
 
     assert blevel(g, w, np.zeros(len(edges))).max() - 1e-6 <= makespan <= blevel(g, w, c).max() + 1e-6
     fav = round_favourites(g, x, c, 0.5)

@@ -1,5 +1,5 @@
 """The DeepBench kernel fits (``harness/kernel_fit.py``) and the calibrated cost model
-(``harness/calibrated.py``).
+(``harness/core/calibrated.py``).
 
 Pins, for the fit: the monotone efficiency curves, recovery of a known model from noise-free
 samples, the seeded 70/30 split, the rows ``load_samples`` leaves out, the committed table
@@ -23,17 +23,16 @@ import pytest
 import torch
 from torch import nn
 
-from experiments.common import compose
-from harness.calibrated import CalibratedCostModel, CalibrationError
-from harness.capture import TensorSpec, capture
-from harness.costs import AnalyticalCostModel
-from harness.graph import OpGraph
-from harness.kernel_fit import (
-    CONV_FLAGS, GPU_DATA, KNOTS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, TABLE_FORMAT, FitError, KernelModel,
-    Samples, allreduce_fit, conv_flags, fit_all, fit_model, load_samples, load_table, monotone_curve, split_indices,
-)
-from harness.kernels import CONV_FWD, GEMM, MEM, NCOLS, KernelTable
-from harness.precision import BF16, FP16, FP32, TF32
+from harness.compose import compose
+from harness.core.calibrated import CalibratedCostModel, CalibrationError
+from harness.core.capture import TensorSpec, capture
+from harness.core.costs import AnalyticalCostModel
+from harness.core.graph import OpGraph
+from harness.kernel_fit import GPU_DATA, Samples, allreduce_fit, fit_all, fit_model, load_samples, split_indices
+from harness.core.kernel_model import (CONV_FLAGS, KNOTS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, TABLE_FORMAT, FitError,
+                                  KernelModel, conv_flags, load_table, monotone_curve)
+from harness.core.kernels import CONV_FWD, GEMM, MEM, NCOLS, KernelTable
+from harness.core.precision import BF16, FP16, FP32, TF32
 from harness.run import build
 
 ZOO: dict[str, list[str]] = {

@@ -9,24 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from harness.capture import CaptureError, TensorSpec, capture
-from harness.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, REPLICATED, UPDATE
-from harness.models import TorchModel
-
-
-class Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8 * 8 * 8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
-
-
-IMG = [TensorSpec((3, 8, 8))]
-LABEL = TensorSpec((), "int64", 10)
+from harness.core.capture import CaptureError, TensorSpec, capture
+from harness.core.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, REPLICATED, UPDATE
+from harness.core.models import TorchModel
+from tests.helpers import IMG, LABEL, Tiny
 
 
 @pytest.fixture(scope="module")

@@ -10,21 +10,20 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from algorithms.base import bfs_topological_order
-from algorithms.celeritas import Celeritas, coarse_graph, coarsen, cpath, cpd_topo, optimal_bp
-from algorithms.listsched import blevel, static_costs, tlevel
-from algorithms.memplace import ccr, dfs_topo_order, positions
+from algorithms.celeritas import Celeritas, coarse_graph, coarsen, optimal_bp
+from algorithms.sched.levels import blevel, ccr, cpath, static_costs, tlevel
+from algorithms.sched.orders import bfs_topological_order, cpd_topo, dfs_topo_order, positions
 from algorithms.standard_eval import StandardEvaluationError, check_same_structure, default_small_batches, linear_fit, standard_evaluation
-from harness.costs import AnalyticalCostModel
-from harness.graph import GraphError
+from harness.core.costs import AnalyticalCostModel
+from harness.core.graph import GraphError
 from simulators.simulate import simulate
-from tests.conftest import make_cluster, make_graph
-from tests.test_capture import IMG, LABEL, Tiny
+from tests.helpers import make_cluster, make_graph
+from tests.helpers import IMG, LABEL, Tiny
 
 
 @pytest.fixture(scope="module")
 def tiny_graph():
-    from harness.capture import capture
+    from harness.core.capture import capture
 
     return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
@@ -254,7 +253,7 @@ def test_linear_fit_and_default_batches():
 
 
 def test_standard_evaluation_predicts_the_large_batch():
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import build
 
     cfg = compose(["model=lenet5", "model.batch_size=16", "cluster=p100x4"])
@@ -279,7 +278,7 @@ def test_standard_evaluation_names_a_graph_that_changes_with_the_batch():
 
 
 def test_colocate_gradients_ties_each_modules_backward_to_its_forward(tiny_graph):
-    from harness.capture import colocate_gradients
+    from harness.core.capture import colocate_gradients
 
     g2 = colocate_gradients(tiny_graph)
     assert g2.num_nodes == tiny_graph.num_nodes and tiny_graph.meta.get("colocate_gradients") is None

@@ -17,7 +17,8 @@ from algorithms.hrl import HRL
 from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT
 from algorithms.metis_place import Metis
-from experiments.common import compose, zoo_models
+from experiments.common import zoo_models
+from harness.compose import compose
 from harness.run import build
 from simulators.simulate import simulate
 
@@ -28,7 +29,7 @@ ALGOS = {
     "m_etf": lambda: METF(),
     "m_sct": lambda: MSCT(),
     "metis": lambda: Metis(),
-    "hrl": lambda: HRL(samples=4, samples_per_step=2),
+    "hrl": lambda: HRL(samples=4, samples_per_step=2, environment=simulate),
 }
 BIG = {"nmt", "nasnet_large", "rnnlm"}
 SLOW_ALGOS = {"m_etf", "m_sct", "hrl"}

@@ -109,7 +109,7 @@ def test_synthetic_and_from_file_models(tmp_path):
     row = json.loads((out / "result.json").read_text())
     assert row["graph_nodes"] == 300 and row["model"] == "synthetic_n300_ccr0.5"
     # save a captured graph and load it back through model=from_file
-    from harness.models import SyntheticGraph
+    from harness.core.models import SyntheticGraph
 
     p = tmp_path / "g.json"
     SyntheticGraph(nodes=50, seed=3).op_graph().save(p)

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from experiments import comm_fit
-from experiments.common import compose
-from harness.costs import AnalyticalCostModel
-from harness.strategy import Strategy
-from tests.conftest import make_graph
+from harness.compose import compose
+from harness.core.costs import AnalyticalCostModel
+from harness.core.strategy import Strategy
+from tests.helpers import make_graph
 
 
 def _cpu2():

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from experiments.common import compose
-from harness.cluster import ClusterError, build_cluster
-from harness.costs import AnalyticalCostModel, node_memory, op_class
-from harness.graph import GraphError, OpGraph, topological_order
+from harness.compose import compose
+from harness.core.cluster import ClusterError, build_cluster
+from harness.core.costs import AnalyticalCostModel, node_memory, op_class
+from harness.core.graph import GraphError, OpGraph, topological_order
 from harness.run import build
-from harness.strategy import ParallelConfig, Strategy, StrategyError
-from tests.conftest import DEVICE, make_cluster, make_graph
+from harness.core.strategy import ParallelConfig, Strategy, StrategyError
+from tests.helpers import DEVICE, make_cluster, make_graph
 
 # ---------------------------------------------------------------------------- graph
 

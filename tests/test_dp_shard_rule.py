@@ -1,5 +1,5 @@
 """The data-parallel shard rule: a replica does 1/k of a node's work only when the work
-shrinks with the batch split (:meth:`harness.graph.OpGraph.batch_scaled`); gradient
+shrinks with the batch split (:meth:`harness.core.graph.OpGraph.batch_scaled`); gradient
 accumulation, parameter-sized work and the optimizer update run whole on every replica.
 
 Two end-to-end properties on zoo models (``costs=analytical``, and ``costs=calibrated``):
@@ -26,13 +26,14 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from experiments.common import compose, zoo_models
-from harness.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
+from experiments.common import zoo_models
+from harness.compose import compose
+from harness.core.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
 from harness.run import run
-from harness.strategy import ParallelConfig, Strategy
+from harness.core.strategy import ParallelConfig, Strategy
 from simulators.simulate import simulate
 from simulators.taskgraph import COMPUTE, make_shards
-from tests.conftest import make_graph
+from tests.helpers import make_graph
 
 REL = 1e-9  # float rounding only
 K = 4

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pandas as pd
 import pytest
 
 from experiments import all as all_experiments
-from experiments import leaderboard, scaling
+from experiments import common, leaderboard, scaling
+from experiments.__main__ import names
 from experiments._grid import Job, run_jobs
 
 
@@ -67,9 +70,38 @@ def test_scaling_quick(tmp_path):
     assert "Command: `python -m experiments scaling --quick --sizes 100 300 --models lenet5" in (tmp_path / "README.md").read_text()
 
 
-def test_all_knows_every_experiment_and_where_it_writes(tmp_path):
-    from experiments.__main__ import names
+def test_experiment_args_share_quick_out_and_models(tmp_path, monkeypatch):
+    """--models NAME[:BATCH] means the same everywhere: an explicit list wins over --quick's, a
+    NAME without :BATCH runs at the experiment's batch for it; --quick without --out writes
+    to the scratch dir of the experiment's topic."""
+    ap = common.experiment_args("x", None, "topic", quick="small", models="the default", batch="its own")
+    a = ap.parse_args(["--models", "lenet5:4", "alexnet"])
+    assert common.models_of(a, ["vgg16"], ["lenet5"], batches={"alexnet": 16}) == [("lenet5", 4), ("alexnet", 16)]
+    assert common.models_of(ap.parse_args(["--quick"]), ["vgg16:8"], [("lenet5", 2)]) == [("lenet5", 2)]
+    assert common.models_of(ap.parse_args([]), ["vgg16:8", "alexnet"], fallback=32) == [("vgg16", 8), ("alexnet", 32)]
+    assert common.models_of(ap.parse_args(["--quick", "--models", "alexnet"]), ["vgg16"], ["lenet5"]) == [("alexnet", None)]
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--models", "lenet5:0"])
+    names_only = common.experiment_args("x", None, "topic", quick="small", models="the default", batch=None)
+    with pytest.raises(SystemExit):
+        names_only.parse_args(["--models", "lenet5:4"])
+    assert common.output_dir(ap.parse_args(["--out", str(tmp_path / "o")])) == tmp_path / "o"
+    monkeypatch.setattr(common, "SCRATCH", tmp_path / "scratch")
+    assert common.output_dir(ap.parse_args(["--quick"])) == tmp_path / "scratch" / "topic"
+    # every conf/algo file is an algorithm of the leaderboard and the scaling study
+    assert {p.stem for p in (common.CONF / "algo").glob("*.yaml")} <= set(common.algorithms())
 
+
+@pytest.mark.parametrize("name", sorted(set(names()) - {"all"}))
+def test_every_experiment_takes_quick_and_out(name, capsys):
+    """``python -m experiments all`` passes --quick and --out DIR to every experiment."""
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"experiments.{name}").main(["--help"])
+    text = capsys.readouterr().out
+    assert "--quick" in text and "--out DIR" in text
+
+
+def test_all_knows_every_experiment_and_where_it_writes(tmp_path):
     assert set(all_experiments.experiments()) == set(names()) - {"all"}
     assert all_experiments.out_dir("optcnn_fig8", tmp_path) == tmp_path / "optcnn"
     assert all_experiments.out_dir("leaderboard", tmp_path) == tmp_path / "leaderboard"

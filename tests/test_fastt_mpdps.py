@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from algorithms.dps_common import SchedGraph, comm_fn, expand_group_starts, ready_list_schedule, schedule_critical_path
 from algorithms.fastt import FastT, fastt_schedule
 from algorithms.mp_dps import MPDPS, merge_groups, optimistic_cost_table
-from harness.costs import AnalyticalCostModel
-from harness.graph import BATCHED
+from algorithms.sched.engine import expand_group_starts, ready_list_schedule, schedule_critical_path
+from algorithms.sched.schedgraph import SchedGraph, comm_fn
+from harness.core.costs import AnalyticalCostModel
+from harness.core.graph import BATCHED
 from simulators.simulate import simulate
-from tests.conftest import make_cluster, make_graph
-from tests.test_heft import TableCosts, three_processors
+from tests.helpers import make_cluster, make_graph
+from tests.sched_cases import TableCosts, three_processors
 
 
 def wide_conv_chain():
@@ -42,7 +43,7 @@ def test_fastt_splits_ops_on_the_critical_path():
 
 
 def test_fastt_priorities_are_static_critical_path_lengths():
-    from tests.test_heft import EDGES, W
+    from tests.sched_cases import EDGES, W
 
     g = make_graph(10, [(a, b) for a, b, _ in EDGES], nbytes=[c for _, _, c in EDGES])
     cl = three_processors()

@@ -7,16 +7,18 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from algorithms.dps_common import GapIndex, SchedGraph, comm_fn
-from algorithms.listsched import Timeline
-from algorithms.fddps import DCPScheduler, FDDPS, partial_schedule_levels
+from algorithms.fddps import FDDPS
+from algorithms.fddps_dcp import DCPScheduler
 from algorithms.opsplit import SplitRule, choose_splits, split_graph
-from harness.cluster import Cluster, Device, DeviceSpec, Link
-from harness.costs import AnalyticalCostModel
-from harness.graph import BATCHED, PARTIAL
+from algorithms.sched.schedgraph import SchedGraph, comm_fn
+from algorithms.sched.timeline import GapIndex, Timeline
+from harness.core.cluster import Cluster, Device, DeviceSpec, Link
+from harness.core.costs import AnalyticalCostModel
+from harness.core.graph import BATCHED, PARTIAL
 from simulators.simulate import simulate
-from tests.conftest import make_cluster, make_graph
-from tests.test_heft import TableCosts, three_processors
+from tests.helpers import make_cluster, make_graph
+from tests.fddps_reference import FullRecomputeScheduler, VerifiedScheduler, partial_schedule_levels
+from tests.sched_cases import TableCosts, three_processors
 
 
 # ---------------------------------------------------------------------------- Figure 3
@@ -110,10 +112,10 @@ def test_incremental_updates_equal_full_recomputation(seed, slot):
     cl = make_cluster(int(rng.integers(2, 5)))
     costs = AnalyticalCostModel(cl)
     sg = SchedGraph.from_opgraph(g, cl, costs)
-    # verify=True recomputes EST/LST/DCPL of the whole graph after every step and compares
-    inc = DCPScheduler(sg, cl, comm_fn(costs, cl), slot_rule=slot, verify=True)
+    # the verified scheduler recomputes EST/LST/DCPL of the whole graph after every step and compares
+    inc = VerifiedScheduler(sg, cl, comm_fn(costs, cl), slot_rule=slot)
     dev, start = inc.run()
-    full = DCPScheduler(sg, cl, comm_fn(costs, cl), slot_rule=slot, update="full")
+    full = FullRecomputeScheduler(sg, cl, comm_fn(costs, cl), slot_rule=slot)
     dev2, start2 = full.run()
     assert dev.tolist() == dev2.tolist() and start.tolist() == start2.tolist()
     if slot == "idle":  # the block index of idle gaps gives the linear scan's answers
@@ -190,8 +192,8 @@ def test_dddps_f_keeps_the_graph():
 
 
 def test_options_are_checked():
-    with pytest.raises(ValueError, match="update"):
-        FDDPS(update="sometimes")
+    with pytest.raises(TypeError, match="update"):
+        FDDPS(update="full")  # the full recomputation is a test oracle (tests/fddps_reference.py), not an option
     with pytest.raises(ValueError, match="slot"):
         FDDPS(slot="anywhere")
     with pytest.raises(ValueError, match="horizon"):
@@ -203,8 +205,8 @@ def test_options_are_checked():
 # ---------------------------------------------------------------------------- splitting (Sec. 4.1)
 @pytest.fixture(scope="module")
 def tiny_graph():
-    from harness.capture import capture
-    from tests.test_capture import IMG, LABEL, Tiny
+    from harness.core.capture import capture
+    from tests.helpers import IMG, LABEL, Tiny
 
     return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 

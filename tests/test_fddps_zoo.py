@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from algorithms.dps_common import SchedGraph
 from algorithms.fastt import FastT
 from algorithms.fddps import FDDPS
 from algorithms.heft import HEFT
 from algorithms.mp_dps import MPDPS
-from experiments.common import compose, zoo_models
+from algorithms.sched.schedgraph import SchedGraph
+from experiments.common import zoo_models
+from harness.compose import compose
 from harness.run import build
 from simulators.simulate import simulate
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.common import compose
-from harness.cluster import Cluster, ClusterError, build_cluster, device_spec
+from harness.compose import compose
+from harness.core.cluster import Cluster, ClusterError, build_cluster, device_spec
 from harness.run import build
 
 DEVICE = {"kind": "test", "peak_tflops": 1.0, "mem_bw_GBps": 100.0, "mem_GiB": 16}

@@ -5,51 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from algorithms.dps_common import SchedGraph
 from algorithms.heft import HEFT, heft_schedule
-from algorithms.listsched import blevel
-from harness.cluster import Cluster, Device, DeviceSpec, Link
-from harness.costs import AnalyticalCostModel
+from algorithms.sched.levels import blevel
+from algorithms.sched.schedgraph import SchedGraph
+from harness.core.costs import AnalyticalCostModel
 from simulators.simulate import simulate
-from tests.conftest import make_cluster, make_graph
-
-# computation cost of task i on processor P1, P2, P3 (Fig. 2b)
-W = np.array([
-    [14, 16, 9], [13, 19, 18], [11, 13, 19], [13, 8, 17], [12, 13, 10],
-    [13, 16, 9], [7, 15, 11], [5, 11, 14], [18, 12, 20], [21, 7, 16],
-], dtype=float)
-# (src, dst, communication cost), tasks numbered from 0
-EDGES = [
-    (0, 1, 18), (0, 2, 12), (0, 3, 9), (0, 4, 11), (0, 5, 14), (1, 7, 19), (1, 8, 16), (2, 6, 23),
-    (3, 7, 27), (3, 8, 23), (4, 8, 13), (5, 7, 15), (6, 9, 17), (7, 9, 11), (8, 9, 13),
-]
-
-
-class TableCosts(AnalyticalCostModel):
-    """Computation costs from a table (tasks x devices); transfers: bytes / 1 B/s."""
-
-    def __init__(self, cluster: Cluster, table: np.ndarray) -> None:
-        super().__init__(cluster, launch_us=0.0)
-        self.table = table
-
-    def node_times(self, graph, device, fraction=1.0):
-        return self.table[:, device] * fraction
-
-    def compute_time(self, graph, node, device, fraction=1.0):
-        return float(self.table[node, device] * fraction)
-
-
-def three_processors() -> Cluster:
-    """P1, P2, P3: three device kinds, a link per ordered pair at 1 byte/s, no latency."""
-    devs = [Device(i, f"P{i + 1}", DeviceSpec(f"P{i + 1}", {"float32": 1e12}, 1e12, 2**40), 0) for i in range(3)]
-    links, routes = [], [[() for _ in range(3)] for _ in range(3)]
-    for a in range(3):
-        for b in range(3):
-            if a != b:
-                routes[a][b] = (len(links),)
-                links.append(Link(len(links), f"P{a + 1}->P{b + 1}", "link", 1.0, 0.0))
-    return Cluster("topcuoglu", devs, links, routes)
-
+from tests.helpers import make_cluster, make_graph
+from tests.sched_cases import EDGES, W, TableCosts, three_processors
 
 @pytest.fixture
 def example():

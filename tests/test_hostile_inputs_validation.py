@@ -1,5 +1,5 @@
 """Issue 19, "validate what comes in, naming the key": every user mistake in a model, cluster,
-cost-model, graph-file or strategy input is a :class:`harness.errors.UserError` raised when the
+cost-model, graph-file or strategy input is a :class:`harness.core.errors.UserError` raised when the
 job is built (before anything is captured or simulated), whose one-line message names the
 culprit (the config key as the user types it, the file and JSON position, the node, edge or
 array) - tested mostly on ``harness.run.build`` and the constructors, and for a few cases
@@ -25,20 +25,20 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments.common import compose
-from harness.calibrated import CalibrationError, CalibratedCostModel
-from harness.capture import CaptureError
-from harness.cluster import ClusterError, build_cluster, device_spec
-from harness.costs import AnalyticalCostModel, CostModelError
-from harness.errors import UserError
-from harness.graph import BATCHED, FORWARD, UPDATE, GraphError, OpGraph
-from harness.models import GraphFile, ModelConfigError, SyntheticGraph, TorchModel
-from harness.pase_costs import PaseCostModel
-from harness.profile import ProfileError
-from harness.profiled import ProfiledCostModel
+from harness.compose import compose
+from harness.core.calibrated import CalibrationError, CalibratedCostModel
+from harness.core.capture import CaptureError
+from harness.core.cluster import ClusterError, build_cluster, device_spec
+from harness.core.costs import AnalyticalCostModel, CostModelError
+from harness.core.errors import UserError
+from harness.core.graph import BATCHED, FORWARD, UPDATE, GraphError, OpGraph
+from harness.core.models import GraphFile, ModelConfigError, SyntheticGraph, TorchModel
+from harness.core.pase_costs import PaseCostModel
+from harness.core.errors import ProfileError
+from harness.core.profiled import ProfiledCostModel
 from harness.run import build
-from harness.strategy import ParallelConfig, Strategy, StrategyError
-from tests.conftest import DEVICE, make_cluster, make_graph
+from harness.core.strategy import ParallelConfig, Strategy, StrategyError
+from tests.helpers import DEVICE, make_cluster, make_graph
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml") if p.stem != "from_file")  # from_file: below
@@ -482,7 +482,7 @@ def test_the_command_line_refuses_and_writes_no_result(tmp_path: Path, overrides
     (["algo=data_parallel", "algo.devices=0"], "algo.devices"),
 ])
 def test_baseline_device_parameters_are_checked(over, needle):
-    from harness.errors import UserError
+    from harness.core.errors import UserError
 
     with pytest.raises(Exception) as e:
         build(compose(["model=lenet5", "cluster=p100x4", *over]))
@@ -492,15 +492,15 @@ def test_baseline_device_parameters_are_checked(over, needle):
 
 def test_data_parallel_over_more_devices_than_the_cluster_has():
     from harness.run import run
-    from harness.strategy import StrategyError
+    from harness.core.strategy import StrategyError
 
     with pytest.raises(StrategyError, match="algo.devices=8 is more than the 4 devices"):
         run(compose(["model=lenet5", "cluster=p100x4", "algo=data_parallel", "algo.devices=8"]))
 
 
 def test_a_layer_graph_algorithm_on_a_graph_file_is_one_line(tmp_path):
-    from harness.errors import UserError
-    from harness.models import SyntheticGraph
+    from harness.core.errors import UserError
+    from harness.core.models import SyntheticGraph
     from harness.run import run
 
     p = tmp_path / "g.json"
@@ -511,7 +511,8 @@ def test_a_layer_graph_algorithm_on_a_graph_file_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("threads", [0, 10_000])
 def test_thread_counts_are_checked(threads):
-    from harness.profile import ProfileError, thread_count
+    from harness.core.errors import ProfileError
+    from harness.core.timing import thread_count
 
     with pytest.raises(ProfileError, match=r"^threads"):
         thread_count(threads, "threads")

@@ -1,4 +1,4 @@
-"""The kernel table of an operator graph (``harness/kernels.py``) and the rewrites that carry it.
+"""The kernel table of an operator graph (``harness/core/kernels.py``) and the rewrites that carry it.
 
 Pins: the table reproduces torch's FLOP counter node by node on zoo graphs (and where it
 deliberately does not: the weight gradient of a grouped convolution); which nodes have rows;
@@ -22,13 +22,13 @@ from torch import nn
 
 from algorithms.celeritas import Celeritas
 from algorithms.opsplit import split_dim_of, split_graph
-from experiments.common import compose
-from harness.capture import TensorSpec, capture, coarsen_runs
-from harness.graph import BATCHED, FORWARD, PARTIAL, GraphError, OpGraph
-from harness.kernels import (
+from harness.compose import compose
+from harness.core.capture import TensorSpec, capture, coarsen_runs
+from harness.core.graph import BATCHED, FORWARD, PARTIAL, GraphError, OpGraph
+from harness.core.kernels import (
     CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, EXTRA_READS, GEMM, MEM, NCOLS, KernelError, KernelTable, is_rnn_layer,
 )
-from harness.precision import BF16, FP16, FP32, TF32
+from harness.core.precision import BF16, FP16, FP32, TF32
 from harness.run import build
 
 ZOO: dict[str, list[str]] = {
@@ -167,7 +167,7 @@ def test_multi_pass_memory_kernels_charge_their_extra_reads(zoo: dict[str, OpGra
 
 
 def test_recurrent_cell_gemms_are_marked(zoo: dict[str, OpGraph]) -> None:
-    from harness.zoo.nmt import GNMT
+    from harness.core.zoo.nmt import GNMT
 
     with torch.device("meta"):
         module = GNMT(vocab_size=64, hidden_size=32, embed_dim=32, num_layers=2)

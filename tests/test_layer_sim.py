@@ -16,16 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from algorithms.layer_costs import SpaceOptions, build_tables
-from harness.costs import AnalyticalCostModel
-from harness.graph import BACKWARD, FORWARD
-from harness.pase_costs import PaseCostModel
-from harness.strategy import ParallelConfig, Strategy
+from algorithms.layer_configs import SpaceOptions
+from algorithms.layer_tables import build_tables
+from harness.core.costs import AnalyticalCostModel
+from harness.core.graph import BACKWARD, FORWARD
+from harness.core.pase_costs import PaseCostModel
+from harness.core.strategy import ParallelConfig, Strategy
 from simulators.gantt import plot_gantt
 from simulators.layer_taskgraph import build_layer_taskgraph
 from simulators.simulate import simulate
 from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
-from tests.conftest import make_cluster
+from tests.helpers import make_cluster
 from tests.layer_cases import build, chain, random_dag
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""Tests of the layer graph (harness.layergraph): structure, iteration domains (OptCNN Table 1,
-PaSE's GEMM view), FLOPs, axis maps / halos, serialisation, fake-tensor building and errors."""
+"""Tests of the layer graph (harness.core.layergraph, built by harness.core.layerfx): structure, iteration domains
+(OptCNN Table 1, PaSE's GEMM view), FLOPs, axis maps / halos, serialisation, fake-tensor building and errors."""
 
 from __future__ import annotations
 
@@ -17,14 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.layergraph import (
-    GEMM_KINDS,
-    InputSpec,
-    LayerGraph,
-    LayerGraphError,
-    build_layer_graph,
-    part,
-)
+from harness.core.layerfx import InputSpec, build_layer_graph
+from harness.core.layergraph import GEMM_KINDS, LayerGraph, LayerGraphError, part
 
 # ---------------------------------------------------------------------- models
 
@@ -472,7 +466,7 @@ def test_layergraph_works_without_torch() -> None:
     import subprocess
     import sys
 
-    import harness.layergraph as lg
+    import harness.core.layergraph as lg
 
     g = build_layer_graph(TinyCNN(), [((4, 3, 16, 16), "float32")])
     code = (
@@ -516,11 +510,11 @@ _ZOO: list[tuple[str, str, dict, list]] = [
 @pytest.mark.parametrize("module_name,factory,kwargs,inputs", _ZOO, ids=[z[0] for z in _ZOO])
 def test_zoo_models_build(module_name: str, factory: str, kwargs: dict, inputs: list) -> None:
     try:
-        mod = importlib.import_module(f"harness.zoo.{module_name}")
+        mod = importlib.import_module(f"harness.core.zoo.{module_name}")
     except ImportError:
-        pytest.skip(f"harness.zoo.{module_name} is not there")
+        pytest.skip(f"harness.core.zoo.{module_name} is not there")
     if not hasattr(mod, factory):
-        pytest.skip(f"harness.zoo.{module_name}.{factory} is not there")
+        pytest.skip(f"harness.core.zoo.{module_name}.{factory} is not there")
     model = getattr(mod, factory)(**kwargs)
     g = build_layer_graph(model, inputs, name=factory)
     _check_invariants(g)

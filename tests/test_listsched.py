@@ -7,9 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.listsched import Timeline, blevel, order_from_starts, static_costs, tlevel
-from harness.costs import AnalyticalCostModel
-from tests.conftest import make_cluster, make_graph
+from algorithms.sched.levels import blevel, static_costs, tlevel
+from algorithms.sched.orders import order_from_starts
+from algorithms.sched.timeline import Timeline
+from harness.core.costs import AnalyticalCostModel
+from tests.helpers import make_cluster, make_graph
 
 
 def test_levels_on_a_diamond():

@@ -29,7 +29,7 @@ from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT
 from algorithms.m_topo import MTopo
 from algorithms.metis_place import Metis
-from experiments.common import compose
+from harness.compose import compose
 from harness.run import build
 from simulators.simulate import simulate
 
@@ -77,6 +77,6 @@ def test_who_fits_who_falls_back_who_reports_oom(name, inception_512):
 
 def test_hrl_counts_oom_samples(inception_512):
     g, cluster, costs = inception_512
-    plan = HRL(samples=16, samples_per_step=4).plan(g, cluster, costs)
+    plan = HRL(samples=16, samples_per_step=4, environment=simulate).plan(g, cluster, costs)
     assert plan.info["oom_samples"] > 0  # random placements of a model larger than one device often overflow
     assert plan.info["samples"] == 16

@@ -6,17 +6,17 @@ import numpy as np
 import pytest
 
 from algorithms.hrl import HRL, Adam, HierarchicalPolicy, op_features
-from algorithms.listsched import static_costs
 from algorithms.metis_place import Metis, metis_partition
-from harness.costs import AnalyticalCostModel
+from algorithms.sched.levels import static_costs
+from harness.core.costs import AnalyticalCostModel
 from simulators.simulate import simulate
-from tests.conftest import make_cluster, make_graph
-from tests.test_capture import IMG, LABEL, Tiny
+from tests.helpers import make_cluster, make_graph
+from tests.helpers import IMG, LABEL, Tiny
 
 
 @pytest.fixture(scope="module")
 def tiny_graph():
-    from harness.capture import capture
+    from harness.core.capture import capture
 
     return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
@@ -114,7 +114,7 @@ def test_adam_descends_a_quadratic():
 def test_hrl_plan_reports_budget_and_is_deterministic(tiny_graph):
     cl = make_cluster(4)
     costs = costs_for(cl)
-    plan = HRL(samples=12, samples_per_step=4, seed=5).plan(tiny_graph, cl, costs)
+    plan = HRL(samples=12, samples_per_step=4, seed=5, environment=simulate).plan(tiny_graph, cl, costs)
     plan.strategy.validate(tiny_graph, 4)
     info = plan.info
     assert info["samples"] == 12 and info["sample_budget"] == 12 and info["search_complete"]
@@ -122,7 +122,7 @@ def test_hrl_plan_reports_budget_and_is_deterministic(tiny_graph):
     assert info["best_step_time_s"] <= info["first_step_time_s"]
     res = simulate(tiny_graph, plan.strategy, cl, costs)
     assert res.step_time_s == pytest.approx(info["best_step_time_s"])
-    again = HRL(samples=12, samples_per_step=4, seed=5).plan(tiny_graph, cl, costs)
+    again = HRL(samples=12, samples_per_step=4, seed=5, environment=simulate).plan(tiny_graph, cl, costs)
     assert again.strategy == plan.strategy
     for members in tiny_graph.coloc_groups():
         assert len(set(plan.strategy.device[members].tolist())) == 1
@@ -130,7 +130,7 @@ def test_hrl_plan_reports_budget_and_is_deterministic(tiny_graph):
 
 def test_hrl_time_budget_stops_early(tiny_graph):
     cl = make_cluster(4)
-    plan = HRL(samples=10_000, time_budget_s=0.5).plan(tiny_graph, cl, costs_for(cl))
+    plan = HRL(samples=10_000, time_budget_s=0.5, environment=simulate).plan(tiny_graph, cl, costs_for(cl))
     assert plan.info["samples"] < 10_000 and not plan.info["search_complete"]
     assert plan.info["search_budget_s"] == 0.5
 
@@ -140,7 +140,7 @@ def test_hrl_learns_to_keep_a_communication_bound_chain_together():
     g = make_graph(20, [(i, i + 1) for i in range(19)], flops=[1e9] * 20, nbytes=[10**10] * 19)
     cl = make_cluster(2, bw_GBps=10.0, mem_GiB=1000)
     costs = costs_for(cl)
-    plan = HRL(samples=200, samples_per_step=8, num_groups=4, lr=0.1, seed=0).plan(g, cl, costs)
+    plan = HRL(samples=200, samples_per_step=8, num_groups=4, lr=0.1, seed=0, environment=simulate).plan(g, cl, costs)
     assert len(set(plan.strategy.device.tolist())) == 1
     assert plan.info["best_step_time_s"] < 0.01
 
@@ -148,10 +148,18 @@ def test_hrl_learns_to_keep_a_communication_bound_chain_together():
 def test_hrl_oom_placements_get_the_failing_signal():
     g = make_graph(4, [(0, 1), (1, 2), (2, 3)], nbytes=[2**33] * 3)
     cl = make_cluster(2, mem_GiB=1)
-    plan = HRL(samples=8).plan(g, cl, costs_for(cl))
+    plan = HRL(samples=8, environment=simulate).plan(g, cl, costs_for(cl))
     assert plan.info["best_oom"] and plan.info["oom_samples"] == 8
 
 
 def test_hrl_bad_budget_is_named():
     with pytest.raises(ValueError, match="samples"):
-        HRL(samples=0)
+        HRL(samples=0, environment=simulate)
+
+
+def test_hrl_without_an_environment_says_how_to_give_it_one(tiny_graph):
+    from algorithms.hrl import HRLError
+
+    cl = make_cluster(2)
+    with pytest.raises(HRLError, match=r"^hrl trains on measured step times .*set algo.environment"):
+        HRL(samples=2).plan(tiny_graph, cl, costs_for(cl))

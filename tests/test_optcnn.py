@@ -11,21 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from algorithms.baselines import DataParallel
-from algorithms.layer_costs import (
-    ConfigSpaceError,
-    SpaceOptions,
-    brute_force,
-    build_tables,
-    enumerate_configs,
-    evaluate,
-    resolve_options,
-)
+from algorithms.layer_configs import ConfigSpaceError, SpaceOptions, enumerate_configs
+from algorithms.layer_costs import evaluate, resolve_options
 from algorithms.layer_fixed import OWT, ModelParallel, model_parallel_dims, owt_dims
+from algorithms.layer_tables import brute_force, build_tables
 from algorithms.optcnn import OptCNN, OptCNNDFS, best_middle, branch_and_bound, node_eliminate
 from algorithms.pase import vertex_elimination
-from harness.costs import AnalyticalCostModel
-from harness.strategy import ParallelConfig, Strategy, StrategyError
-from tests.conftest import make_cluster
+from harness.core.costs import AnalyticalCostModel
+from harness.core.strategy import ParallelConfig, Strategy, StrategyError
+from tests.helpers import make_cluster
 from tests.layer_cases import build, chain, random_dag, series_parallel, small_dags
 
 BIG = dict(B=32, C=256, L=64)  # sizes at which splitting pays off on the test cluster
@@ -57,7 +51,7 @@ def test_optcnn_space_is_table1_degrees_dividing_the_device_count():
 
 
 def test_resolve_options_follows_the_cost_model(cl4, costs4):
-    from harness.pase_costs import PaseCostModel
+    from harness.core.pase_costs import PaseCostModel
 
     g = chain(0, 3)
     assert resolve_options(g, costs4) == SpaceOptions("optcnn", "divides", 1, "linear")
@@ -65,6 +59,59 @@ def test_resolve_options_follows_the_cost_model(cl4, costs4):
     assert (p.space, p.product, p.cutoff) == ("pase", "at_most", 4)  # a graph with convolutions: a CNN
     with pytest.raises(ValueError, match="space"):
         SpaceOptions("nope")
+
+
+def test_the_cost_model_is_chosen_by_its_class(cl4, costs4):
+    """PaSE's t_V / t_E for a PaseCostModel, OptCNN's t_C / t_S / t_R / t_X for any other."""
+    from algorithms.layer_costs import layer_cost_model
+    from algorithms.layer_optcnn_costs import OptCNNLayerCosts
+    from algorithms.layer_pase_costs import PaseLayerCosts
+    from harness.core.pase_costs import PaseCostModel
+
+    g = chain(0, 3)
+    assert isinstance(layer_cost_model(g, cl4, costs4), OptCNNLayerCosts)
+    assert isinstance(layer_cost_model(g, cl4, PaseCostModel(cl4)), PaseLayerCosts)
+    assert build_tables(g, cl4, costs4).model == "analytical"
+    T = build_tables(g, cl4, PaseCostModel(cl4))
+    assert T.model == "pase" and set(T.parts) == {"t_V"} and {"peak_flops", "r"} <= set(T.meta)
+
+
+#: result.json's ``algo_params`` of the registered layer-graph algorithms (conf/algo), as before
+#: their parameters were made explicit
+LAYER_ALGO_PARAMS = {
+    "optcnn": {"name": "optcnn", "seed": 0, "space": None, "product": None, "cutoff": None, "mapping": "linear",
+               "enum_limit": 10000000, "budget_s": 600, "eliminate_leaves": False},
+    "optcnn_dfs": {"name": "optcnn_dfs", "seed": 0, "space": None, "product": None, "cutoff": None, "mapping": "linear",
+                   "budget_s": 60},
+    "pase": {"name": "pase", "seed": 0, "space": None, "product": None, "cutoff": None, "mapping": "linear",
+             "max_entries": 268435456, "block_entries": 8388608, "dtype": "float64"},
+    "owt": {"name": "owt", "seed": 0, "devices": None, "mapping": "linear"},
+    "model_parallel": {"name": "model_parallel", "seed": 0, "devices": None, "mapping": "linear"},
+}
+
+
+@pytest.mark.parametrize("algo", sorted(LAYER_ALGO_PARAMS))
+def test_layer_algorithms_have_explicit_parameters(algo):
+    """conf/algo/<algo>.yaml instantiates with the harness's seed; describe() is the same dict
+    (and the same JSON) as before; no catch-all parameters; graph_kind is "layer"."""
+    import inspect
+    import json
+    from pathlib import Path
+
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "algo" / f"{algo}.yaml")
+    a = instantiate(cfg, seed=0, _convert_="all")
+    assert a.graph_kind == "layer"
+    assert json.dumps(a.describe()) == json.dumps(LAYER_ALGO_PARAMS[algo])
+    from algorithms.base import Algorithm
+
+    for cls in type(a).__mro__[:type(a).__mro__.index(Algorithm)]:
+        if "__init__" in vars(cls):
+            kinds = {p.kind for p in inspect.signature(cls.__init__).parameters.values()}
+            assert inspect.Parameter.VAR_KEYWORD not in kinds, cls.__name__
+            assert inspect.Parameter.VAR_POSITIONAL not in kinds, cls.__name__
 
 
 def test_tables_match_the_explicit_evaluation(cl4, costs4):
@@ -103,14 +150,14 @@ def test_t_x_counts_halos_and_only_the_non_resident_part(cl4, costs4):
 
 def test_t_x_is_the_most_loaded_link_each_way_plus_latency():
     """The vectorised t_X table against a direct loop over shard pairs and the links of their routes."""
-    from algorithms.layer_costs import _make_ctx
-    from harness.layer_shards import edge_itemsize, make_grid, remote_elements
+    from algorithms.layer_optcnn_costs import OptCNNLayerCosts
+    from harness.core.layer_shards import edge_itemsize, make_grid, remote_elements
 
     cl = make_cluster(2, nodes=2, lat_us=3.0)  # NVLink inside a host, a shared NIC between hosts
     costs = AnalyticalCostModel(cl)
     g = random_dag(5, 4, 0.7, B=16, C=64, L=32)
     T = build_tables(g, cl, costs)
-    ctx = _make_ctx(g, cl, costs)
+    ctx = OptCNNLayerCosts(g, cl, costs)
     W, lat = ctx.links.w, ctx.links.lat
     for e in range(g.num_edges):
         u, v = int(g.src[e]), int(g.dst[e])
@@ -280,7 +327,7 @@ def test_mp_and_owt_rules():
 def test_owt_splits_fully_connected_layers_by_channel():
     import torch.nn as nn
 
-    from harness.layergraph import build_layer_graph
+    from harness.core.layerfx import build_layer_graph
 
     class Net(nn.Module):
         def __init__(self) -> None:

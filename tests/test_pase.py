@@ -12,12 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from algorithms.flexflow_mcmc import FlexFlowMCMC, mcmc, start_config
-from algorithms.layer_costs import LayerCostTables, SpaceOptions, brute_force, build_tables, enumerate_configs, evaluate, resolve_options
+from algorithms.layer_configs import SpaceOptions, enumerate_configs
+from algorithms.layer_costs import evaluate, resolve_options
+from algorithms.layer_tables import LayerCostTables, brute_force, build_tables
 from algorithms.optcnn import OptCNN
 from algorithms.pase import PaSE, TableTooLarge, vertex_elimination
-from harness.layergraph import LayerGraph, build_layer_graph
-from harness.pase_costs import PaseCostModel, pase_domain
-from tests.conftest import make_cluster
+from harness.core.layerfx import build_layer_graph
+from harness.core.layergraph import LayerGraph
+from harness.core.pase_costs import PaseCostModel, pase_domain
+from tests.helpers import make_cluster
 from tests.layer_cases import random_dag, series_parallel, small_dags
 
 
@@ -180,7 +183,7 @@ def test_pase_equals_brute_force_where_the_optimum_pays_for_edges():
 
 
 def test_chunked_joins_give_the_same_optimum(cl4):
-    from harness.costs import AnalyticalCostModel
+    from harness.core.costs import AnalyticalCostModel
 
     T = build_tables(random_dag(11, 8, 1.0, B=32, C=256, L=64), cl4, AnalyticalCostModel(cl4))
     a, ca, sa = vertex_elimination(T)
@@ -190,7 +193,7 @@ def test_chunked_joins_give_the_same_optimum(cl4):
 
 
 def test_a_table_too_large_names_the_layer(cl4):
-    from harness.costs import AnalyticalCostModel
+    from harness.core.costs import AnalyticalCostModel
 
     T = build_tables(random_dag(3, 7, 1.0), cl4, AnalyticalCostModel(cl4))
     with pytest.raises(TableTooLarge, match="processing layer .* max_entries=5"):
@@ -209,7 +212,7 @@ def test_pase_plan_reports_its_largest_table(cl4):
 
 # ---------------------------------------------------------------------- FlexFlow's MCMC
 def test_mcmc_is_deterministic_and_never_worse_than_its_start(cl4):
-    from harness.costs import AnalyticalCostModel
+    from harness.core.costs import AnalyticalCostModel
 
     costs = AnalyticalCostModel(cl4)
     g = random_dag(4, 8, 0.5, B=32, C=256, L=64)
@@ -224,7 +227,7 @@ def test_mcmc_is_deterministic_and_never_worse_than_its_start(cl4):
 
 
 def test_mcmc_plan_reports_samples_and_a_cut_budget(cl4):
-    from harness.costs import AnalyticalCostModel
+    from harness.core.costs import AnalyticalCostModel
 
     costs = AnalyticalCostModel(cl4)
     g = random_dag(5, 6, 0.5, B=32, C=256, L=64)
@@ -255,7 +258,7 @@ def test_pase_experiments_quick(tmp_path):
 def test_lstm_is_pases_lstm_operator(cl4):
     """An nn.LSTM layer is PaSE's LSTM op: the GEMM (layers; seq*batch, 4n, k+n) with 3 pointwise
     ops, plus the reshape of each cell's output into the next cell's input."""
-    from harness.zoo.rnnlm_lstm import RNNLMLSTM
+    from harness.core.zoo.rnnlm_lstm import RNNLMLSTM
 
     g = build_layer_graph(RNNLMLSTM(vocab_size=50, hidden_size=16, embed_dim=16, num_layers=2), [((4, 8), "int64")])
     v = g.kinds.index("lstm")

@@ -1,4 +1,4 @@
-"""Numeric precision of a captured step (``harness/precision.py`` and where it is used).
+"""Numeric precision of a captured step (``harness/core/precision.py`` and where it is used).
 
 Pins: the ``Precision`` names and math modes (``math_of``); CUDA autocast's op lists as
 applied at capture (GEMMs and convolutions in FP16 / BF16, norms, softmax and losses in FP32,
@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.capture import CaptureError, TensorSpec, capture
-from harness.cluster import DeviceSpec
-from harness.costs import math_peak, node_peaks
-from harness.graph import FORWARD, REPLICATED, UPDATE, OpGraph
-from harness.kernels import CONV_FWD, CONV_KINDS, GEMM, MEM, NCOLS, KernelTable
-from harness.precision import (
+from harness.core.capture import CaptureError, TensorSpec, capture
+from harness.core.cluster import DeviceSpec
+from harness.core.costs import math_peak, node_peaks
+from harness.core.graph import FORWARD, REPLICATED, UPDATE, OpGraph
+from harness.core.kernels import CONV_FWD, CONV_KINDS, GEMM, MEM, NCOLS, KernelTable
+from harness.core.precision import (
     BF16, FP16, FP32, FP64, INT, LOSS_SCALE, PRECISIONS, TF32, Precision, PrecisionError, cuda_autocast, math_of,
 )
 
@@ -397,7 +397,7 @@ def test_math_peak_and_node_peaks() -> None:
 # ---------------------------------------------------------------------------- graph sources
 @pytest.fixture(scope="module")
 def lenet_source() -> Any:
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import build
 
     cfg = compose(["model=lenet5", "model.batch_size=8"])
@@ -419,7 +419,7 @@ def test_layer_graph_precision(lenet_source: Any) -> None:
 
 
 def test_synthetic_and_file_sources_refuse_other_precisions(tmp_path: Path, graphs: dict[str, OpGraph]) -> None:
-    from harness.models import GraphFile, SyntheticGraph
+    from harness.core.models import GraphFile, SyntheticGraph
 
     syn = SyntheticGraph(nodes=20)
     assert syn.op_graph(precision="fp32").num_nodes == 20
@@ -435,7 +435,7 @@ def test_synthetic_and_file_sources_refuse_other_precisions(tmp_path: Path, grap
 
 
 def test_precision_config_key_reaches_the_capture() -> None:
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import build, config_hash
 
     base = ["model=lenet5", "model.batch_size=8", "algo=single_device"]
@@ -448,7 +448,7 @@ def test_precision_config_key_reaches_the_capture() -> None:
 
 
 def test_cli_runs_an_amp_job_end_to_end(tmp_path: Path) -> None:
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import config_hash
 
     overrides = ["model=lenet5", "algo=single_device", "precision=amp_fp16"]

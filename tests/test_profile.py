@@ -15,12 +15,14 @@ import torch
 import yaml
 from torch import nn
 
-from harness.cluster import build_cluster
-from harness.costs import AnalyticalCostModel
-from harness.execgraph import ExecGraph, graph_fingerprint, initial_state
-from harness.models import TorchModel
-from harness.profile import COLUMNS, device_name, profile_model, signature, slug
-from harness.profiled import ProfiledCostModel
+from harness.core.cluster import build_cluster
+from harness.core.costs import AnalyticalCostModel
+from harness.core.execgraph import ExecGraph, graph_fingerprint, initial_state
+from harness.core.models import TorchModel
+from harness.profile import COLUMNS, profile_model, signature
+from harness.core.profiled import slug
+from harness.core.timing import device_name
+from harness.core.profiled import ProfiledCostModel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,9 +102,9 @@ def test_mutating_ops_are_timed_on_copies():
     ph = initial_state(src, eg, 0)
     j = next(k for k, p in enumerate(eg.placeholders) if p.name.endswith("num_batches_tracked"))
     before = int(ph[j])
-    from harness.profile import _profile_graph
+    from harness.profile import profile_graph
 
-    _profile_graph(eg, ph, torch.device("cpu"), warmup=2, reps=3, max_op_s=1.0, bar=None)
+    profile_graph(eg, ph, torch.device("cpu"), warmup=2, reps=3, max_op_s=1.0, bar=None)
     assert int(ph[j]) == before + 1
 
 
@@ -163,7 +165,7 @@ def test_free_ops_zero_and_layer_granularity(tmp_path):
 
 
 def test_profiled_costs_plug_into_the_config(profiled):
-    from experiments.common import compose
+    from harness.compose import compose
     from harness.run import build
 
     out, _ = profiled
@@ -229,7 +231,7 @@ def test_calibration_yaml_builds_a_cluster():
     text = cluster_yaml({**link, "msg_cpu_samples_s": [5e-5, 1e-4, 8e-5]}, 1, "today")
     assert "(median of 3 samples spread over the calibration, 50-100 us)" in text
     # the committed cpu2 preset composes
-    from experiments.common import compose
+    from harness.compose import compose
 
     cfg = compose(["cluster=cpu2"])
     assert instantiate(cfg.cluster, _convert_="all").num_devices == 2
@@ -244,7 +246,7 @@ def test_in_situ_mode_times_every_node_inside_whole_steps(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
 def test_idle_spinners_run_at_idle_priority_on_their_cores_and_stop():
-    from harness.profile import IdleSpinners
+    from harness.core.timing import IdleSpinners
 
     core = sorted(os.sched_getaffinity(0))[0]
     with IdleSpinners([core, core]) as sp:
@@ -261,7 +263,7 @@ def test_idle_spinners_run_at_idle_priority_on_their_cores_and_stop():
 
 _FAULTS = """
 import resource, sys, torch
-from harness.profile import steady_malloc
+from harness.core.timing import steady_malloc
 applied = steady_malloc() if sys.argv[1] == "steady" else False
 x = torch.randn(300_000)  # 1.2 MB: three of them freed together leave the heap's top above glibc's trim threshold
 flt = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -301,7 +303,7 @@ def test_cpu_profiles_record_the_allocator_setting(tmp_path):
     assert (pd.read_parquet(files[0])["malloc"] == "default").all()
     files = profile_model(tiny(), batch_sizes=[4], warmup=1, reps=2, out_dir=tmp_path, progress=False)
     df = pd.read_parquet(files[0])
-    from harness.profile import steady_malloc
+    from harness.core.timing import steady_malloc
 
     assert set(df["malloc"]) == {"steady" if steady_malloc() else "default"} and "malloc" in COLUMNS
     assert set(df["batch_size"]) == {4} and df["node"].is_unique  # another environment: replaced, not merged
@@ -319,15 +321,16 @@ class _SlowRelease:
 
 def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatch):
     """A real run's rank frees a tensor right after its last reader: in situ, that reader pays it."""
-    import harness.profile as hp
+    import harness.core.timing as ht
+    from harness.core.execgraph import resolve
 
     src = tiny(batch=4)
     eg = ExecGraph.from_graph(src.op_graph(keep_fx=True))
     n = eg.num_nodes
-    dead = hp.dead_inputs(eg)
+    dead = ht.dead_inputs(eg)
     # a node with a single reader, which frees it (so it is not a graph output)
     reader, j = next((i, k) for i in range(n) for k in dead[i] if sum(r.index == k for c in range(n) for r in eg.refs(c) if r.kind == "n") == 1)
-    real = hp.resolve
+    real = resolve
 
     def unwrap(x: object) -> object:
         if isinstance(x, _SlowRelease):
@@ -340,16 +343,17 @@ def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatc
         fn = real(target)
         return lambda *a, **k: fn(*unwrap(a), **{key: unwrap(v) for key, v in k.items()})
 
-    monkeypatch.setattr(hp, "resolve", patched)
-    orig_materialize = hp.materialize
+    orig_materialize = ht.materialize
 
     def materialize(x, vals, ph, device):  # hand node j's value to its reader inside a slow-to-release box
         if vals[j] is not None and not isinstance(vals[j], _SlowRelease):
             vals[j] = _SlowRelease(vals[j])
         return orig_materialize(x, vals, ph, device)
 
-    monkeypatch.setattr(hp, "materialize", materialize)
-    ts = hp._in_situ(eg, initial_state(src, eg, 0), "cpu", 0, 2, dead)
+    monkeypatch.setattr(ht, "materialize", materialize)
+    fns = [patched(ins.target) for ins in eg.instrs]
+    ph = initial_state(src, eg, 0)
+    ts = np.array([ht.in_situ_step(eg, ph, "cpu", dead, fns) for _ in range(2)])
     assert (ts[:, reader] >= 0.03).all()
     others = np.delete(ts, reader, axis=1)
     assert (others < 0.03).all()

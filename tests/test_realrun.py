@@ -37,10 +37,10 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.common import compose
-from harness.graph import OpGraph
+from harness.compose import compose
+from harness.core.graph import OpGraph
 from harness.run import build
-from harness.strategy import ParallelConfig, Strategy
+from harness.core.strategy import ParallelConfig, Strategy
 from simulators.realrun import RealRun, RealRunError, launch_many, reference_outputs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -329,7 +329,7 @@ def test_interleaved_step_time_uses_the_reference_times_of_the_plan_nodes():
         f = job.ref_fraction
         base = costs.node_times(plan.graph, 0, f)
         if f != 1.0:
-            from harness.graph import REPLICATED
+            from harness.core.graph import REPLICATED
 
             assert job.mode == "data_parallel" and f == 0.5
             base = np.where(plan.graph.batch_role == REPLICATED, costs.node_times(plan.graph, 0, 1.0), base)
@@ -425,7 +425,7 @@ def test_refuses_channel_parallel_layer_strategies():
 
 
 def test_refuses_rewritten_graphs_and_sources_without_a_module(tmp_path):
-    from harness.capture import coarsen_runs
+    from harness.core.capture import coarsen_runs
 
     src, cluster, g, sim = _lenet()
     # a copy of the captured graph without its fx module (saved and loaded) is the same graph: it runs
@@ -440,7 +440,7 @@ def test_refuses_rewritten_graphs_and_sources_without_a_module(tmp_path):
     bare = RealRun()
     with pytest.raises(RealRunError, match="needs a PyTorch model source"):
         bare.prepare(g, Strategy.placement(np.zeros(g.num_nodes)), 2)
-    from harness.models import SyntheticGraph
+    from harness.core.models import SyntheticGraph
 
     bare.bind(SyntheticGraph(nodes=10))
     with pytest.raises(RealRunError, match="SyntheticGraph"):
@@ -548,7 +548,7 @@ def test_receives_are_posted_early_on_gloo_only():
         sim.backend = backend
         job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices)
         assert job.backend == backend and all(("def post(" in p.code) == early and "_irecv(" in p.code for p in job.programs)
-    # CPU ranks keep the memory they free (harness.profile.steady_malloc), unless told not to
+    # CPU ranks keep the memory they free (harness.core.timing.steady_malloc), unless told not to
     assert job.device == "cpu" and job.steady_malloc
     sim.steady_malloc = False
     assert not sim.prepare(plan.graph, plan.strategy, cluster.num_devices).steady_malloc
@@ -559,7 +559,7 @@ def test_a_script_without_a_main_guard_is_told_why_its_ranks_died(tmp_path):
     rank start ranks of its own, which fails; the error says so instead of only an exit code."""
     script = tmp_path / "noguard.py"
     script.write_text(
-        "from experiments.common import compose\n"
+        "from harness.compose import compose\n"
         "from harness.run import run\n"
         f"run(compose({[*MODELS['lenet5'][0], 'algo=single_device', 'cluster=cpu2', 'sim=realrun', 'sim.warmup=0', 'sim.steps=1', 'output.gantt=false']!r}))\n"
     )

@@ -30,8 +30,8 @@ import pytest
 import torch
 from torch import nn
 
-from experiments.common import compose
-from harness.execgraph import TensorMeta
+from harness.compose import compose
+from harness.core.execgraph import TensorMeta
 from harness.run import build
 from simulators.realrun import (BOARD_SLOTS, P_BARRIER, P_COLLECTIVE, P_DONE, P_RECV, P_RENDEZVOUS, P_SETUP, P_START, P_STEP, Job,
                                 RealRun, RealRunError, launch, stall_message)
@@ -353,7 +353,7 @@ def _interrupt_when_running(cmd: list[str], tmp: Path, sig: int, group: bool) ->
 
 DRIVER = """
 import sys
-from experiments.common import compose
+from harness.compose import compose
 from harness.run import run
 if __name__ == "__main__":
     run(compose(sys.argv[1:]))
@@ -434,10 +434,36 @@ def test_a_gpu_cluster_is_not_measured_without_its_gpus(monkeypatch):
     def launched(*args: Any, **kwargs: Any) -> None:
         raise Launched
 
-    monkeypatch.setattr("simulators.realrun.launch", launched)
+    monkeypatch.setattr("simulators.realrun.backend.launch", launched)
     with pytest.raises(Launched):
         run(compose(["model=lenet5", "model.batch_size=8", "algo=round_robin", "cluster=p100x4", "sim=realrun", "sim.force=true",
                      "output.gantt=false"]))
     # a cluster of CPUs runs on this machine's cores, as meant
     job, sim, cluster = prepared(["model=lenet5", "model.batch_size=8", "algo=round_robin", "cluster=cpu2", "sim=realrun"])
     sim.check_devices(job, cluster)
+
+
+def test_a_rank_that_computes_is_not_stalled_and_one_that_sleeps_is(tmp_path):
+    """Without a word on the board, a rank that is busy on its core (a long op, a slow first
+    step) is working; one blocked in an op uses no CPU and stalls the run."""
+    from simulators.realrun import Watchdog
+
+    job = Job(1, "placement", "gloo", "cpu", 1, 1, 2, 0, None, None, [], [], rank_timeout_s=0.6)
+    for code, stalls in (("while True: pass", False), ("import time; time.sleep(60)", True)):
+        wd = Watchdog(tmp_path / "board", [job])
+        (tmp_path / "board").write_bytes(np.array([_row(P_STEP)], dtype=np.int64).tobytes())
+        p = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            end, raised = time.monotonic() + 2.0, None
+            while time.monotonic() < end and raised is None:
+                try:
+                    wd.check([p.pid])
+                except RealRunError as e:
+                    raised = str(e)
+                time.sleep(0.1)
+        finally:
+            p.kill()
+            p.wait()
+        assert (raised is not None) == stalls, raised
+        if stalls:
+            assert raised.startswith("real run stalled: rank 0 stopped responding") and "rank 0 was running its ops in step 0" in raised

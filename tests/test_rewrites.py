@@ -25,16 +25,16 @@ import pytest
 import yaml
 from hydra.utils import instantiate
 
-from harness.costs import AnalyticalCostModel
-from harness.graph import BATCHED, OpGraph
-from tests.conftest import make_cluster, make_graph
+from harness.core.costs import AnalyticalCostModel
+from harness.core.graph import BATCHED, OpGraph
+from tests.helpers import make_cluster, make_graph
 
 REPO = Path(__file__).resolve().parents[1]
 ALGOS = sorted(p.stem for p in (REPO / "conf" / "algo").glob("*.yaml"))
 
 
 def _algo(name: str):
-    from experiments.common import compose
+    from harness.compose import compose
 
     cfg = compose([f"algo={name}"])
     over = {"min_time_ms": 0.0} if "min_time_ms" in cfg.algo else {}
@@ -43,8 +43,8 @@ def _algo(name: str):
 
 @pytest.fixture(scope="module")
 def graphs() -> dict[str, OpGraph]:
-    from harness.capture import capture
-    from tests.test_capture import IMG, LABEL, Tiny
+    from harness.core.capture import capture
+    from tests.helpers import IMG, LABEL, Tiny
 
     chain = make_graph(8, [(i, i + 1) for i in range(7)] + [(0, 4), (2, 6)], flops=[3e10] * 8, nbytes=[10_000] * 9, role=BATCHED)
     chain.targets[:] = ["aten.convolution.default"] * 8

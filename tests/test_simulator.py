@@ -7,13 +7,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.costs import AnalyticalCostModel
-from harness.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
-from harness.strategy import ParallelConfig, Strategy, StrategyError
+from harness.core.costs import AnalyticalCostModel
+from harness.core.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
+from harness.core.strategy import ParallelConfig, Strategy, StrategyError
 from simulators import engine
 from simulators.simulate import simulate
 from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
-from tests.conftest import make_cluster, make_graph
+from tests.helpers import make_cluster, make_graph
 
 EPS = 1e-12
 
@@ -88,15 +88,16 @@ def test_invariants_random_placements(g, ndev, seed, mode, topo):
 
 @SETTINGS
 @given(random_dags(), st.integers(2, 3), st.integers(0, 2**31 - 1), st.sampled_from(engine.MODES), st.floats(0.0, 500.0))
-def test_invariants_with_receives_that_preempt(g, ndev, seed, mode, recv_us):
+def test_invariants_with_receives_that_preempt(g, ndev, seed, mode, per_message_us):
     """host_comm.recv_when: busy - receives lengthen the op their device runs when they arrive:
     still no overlap, every dependency kept, each compute task at least its duration, the
-    devices' busy time is what their tasks took, and the same input gives the same timeline."""
-    from harness.cluster import build_cluster
-    from tests.conftest import DEVICE
+    devices' busy time is what their tasks took, and the same input gives the same timeline
+    (the host-cost model's own cases: tests/test_hostcost.py)."""
+    from harness.core.cluster import build_cluster
+    from tests.helpers import DEVICE
 
     cl = build_cluster("cpu", DEVICE, gpus=ndev, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 50.0},
-                       host_comm={"send_us": 20.0, "recv_us": recv_us, "recv_idle_us": 5.0, "copy_GBps": 4.0, "recv_when": "busy"})
+                       host_comm={"per_message_us": per_message_us, "recv_idle_us": 5.0, "copy_GBps": 4.0, "recv_when": "busy"})
     costs = AnalyticalCostModel(cl, launch_us=1.0)
     rng = np.random.default_rng(seed)
     strat = Strategy.placement(rng.integers(0, ndev, g.num_nodes), random_topo_order(g, seed))
@@ -153,145 +154,9 @@ def test_transfer_time_is_alpha_beta(cluster4, costs4):
     assert res.bytes_by_class == {"nvlink": 10_000_000}
 
 
-def test_host_comm_charges_a_transfer_to_both_endpoints_compute():
-    # cpu2-style CPU devices: the sender's producer and the receiver's first reader (in order)
-    # each pay per_message + bytes / copy_bw of compute; the wire keeps the rest of the
-    # measured one-way time
-    from harness.cluster import build_cluster
-    from tests.conftest import DEVICE
-
-    def cluster(**meta):
-        return build_cluster("cpu", DEVICE, gpus=2, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0}, **meta)
-
-    g = make_graph(4, [(0, 1), (0, 2), (1, 3)], [1e9] * 4, [4_000_000, 4_000_000, 1_000])
-    strat = Strategy.placement([0, 1, 1, 1], [0, 2, 1, 3])  # node 2 reads the transfer first
-    plain, host = cluster(), cluster(host_comm={"per_message_us": 50.0, "copy_GBps": 4.0})
-    a = simulate(g, strat, plain, AnalyticalCostModel(plain, launch_us=0.0)).taskgraph
-    b = simulate(g, strat, host, AnalyticalCostModel(host, launch_us=0.0)).taskgraph
-    extra = 50e-6 + 4_000_000 / 4e9
-    comp = np.flatnonzero(a.kind == COMPUTE)
-    np.testing.assert_allclose(b.dur[comp] - a.dur[comp], [extra if n in (0, 2) else 0.0 for n in a.node[comp]])
-    tr = np.flatnonzero(a.kind == TRANSFER)
-    np.testing.assert_allclose(b.dur[tr], np.maximum(a.dur[tr] - 2 * extra, 0.0))
-    assert a.dur[tr[0]] == pytest.approx(100e-6 + 4_000_000 / 1e9) and b.dur[tr[0]] > 0
-
-
-def test_a_receive_preempts_a_busy_receiver_only():
-    """host_comm.recv_when: busy - a message that arrives while its destination computes
-    lengthens the running op by recv_us + bytes / copy_GBps (gloo's receiving thread shares
-    the core); one that arrives at an idle device costs its first reader recv_idle_us (0 by
-    default) only, and the wire keeps the link's one-way time less the sender's part and that.  recv_when: always charges the first
-    reader as before."""
-    from harness.cluster import build_cluster
-    from tests.conftest import DEVICE
-
-    host = {"send_us": 40.0, "recv_us": 150.0, "copy_GBps": 4.0}
-
-    def cluster(when: str):
-        return build_cluster("cpu", DEVICE, gpus=2, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0},
-                             host_comm={**host, "recv_when": when})
-
-    nb = 40_000
-    copy = nb / 4e9
-    for long_op in (True, False):
-        # device 0: a -> (message) -> c on device 1, which first runs b (long or short)
-        g = make_graph(3, [(0, 2)], [1e6, 5e9 if long_op else 1e5, 1e6], [nb])
-        strat = Strategy.placement([0, 1, 1], [0, 0, 1])
-        busy = cluster("busy")
-        res = simulate(g, strat, busy, AnalyticalCostModel(busy, launch_us=0.0))
-        tg, tl = res.taskgraph, res.timeline
-        a, b, c = (int(np.flatnonzero((tg.kind == COMPUTE) & (tg.node == i))[0]) for i in range(3))
-        tr = int(np.flatnonzero(tg.kind == TRANSFER)[0])
-        assert tg.dur[tr] == pytest.approx(100e-6 + nb / 1e9 - (40e-6 + copy))  # the wire: the one-way time after the send
-        arrival = tl.end[a] + tg.dur[tr]
-        assert tl.end[tr] == pytest.approx(arrival)
-        if long_op:  # b still runs when the message comes: b ends later by the receive's cost, c starts after it
-            assert tl.start[b] < arrival < tl.start[b] + tg.dur[b]
-            assert tl.end[b] == pytest.approx(tl.start[b] + tg.dur[b] + 150e-6 + copy)
-            assert res.device_busy_s[1] == pytest.approx(tg.dur[b] + tg.dur[c] + 150e-6 + copy)
-        else:  # device 1 idles when it comes: c starts at its arrival
-            assert tl.end[b] == pytest.approx(tl.start[b] + tg.dur[b]) and tl.end[b] < arrival
-            assert res.device_busy_s[1] == pytest.approx(tg.dur[b] + tg.dur[c])
-        assert tl.start[c] == pytest.approx(max(arrival, tl.end[b]))
-        always = cluster("always")
-        tga = simulate(g, strat, always, AnalyticalCostModel(always, launch_us=0.0)).taskgraph
-        assert tga.steal is None and tga.dur[c] == pytest.approx(tg.dur[c] + 150e-6 + copy)
-        # recv_idle_us: what a waiting receiver pays in its first reader, out of the wire and the steal
-        idle = build_cluster("cpu", DEVICE, gpus=2, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0},
-                             host_comm={**host, "recv_when": "busy", "recv_idle_us": 20.0})
-        tgi = simulate(g, strat, idle, AnalyticalCostModel(idle, launch_us=0.0)).taskgraph
-        assert tgi.dur[c] == pytest.approx(tg.dur[c] + 20e-6) and tgi.dur[tr] == pytest.approx(tg.dur[tr] - 20e-6)
-        assert tgi.steal[tr] == pytest.approx(150e-6 + copy - 20e-6) and tg.steal[tr] == pytest.approx(150e-6 + copy)
-    with pytest.raises(ValueError, match="recv_when"):
-        simulate(g, strat, cluster("sometimes"), AnalyticalCostModel(busy, launch_us=0.0))
-
-
-def test_cold_sends_cost_the_sender_by_the_compute_since_its_previous_send():
-    """host_comm.send_cold_us / send_tau_us: a producer that sends pays cold (1 - exp(-gap / tau))
-    more, the gap being its device's compute (in schedule order) since the previous producer
-    that sent, from the step's start for the first; a producer's second transfer pays nothing
-    more (``_cold_send_s`` on hand-made shards: device 0 runs a 1 ms, b 2 ms (sends), c 3 ms,
-    d 1 ms (sends to two devices), device 1 runs e 0.5 ms (sends))."""
-    from types import SimpleNamespace
-
-    from simulators.taskgraph import _cold_send_s
-
-    sh = SimpleNamespace(node=np.arange(5), dev=np.array([0, 0, 0, 0, 1]), prio=np.array([0, 1, 2, 3, 0]),
-                         dur=np.array([1e-3, 2e-3, 3e-3, 1e-3, 0.5e-3]), is_coll=np.zeros(5, dtype=bool))
-    t_src = np.array([3, 1, 4, 3])  # transfers: d -> dev 1, b -> dev 1, e -> dev 0, d -> dev 2
-    own = np.ones(4, dtype=bool)
-    host = {"per_message_us": 100.0, "copy_GBps": 1.0, "send_cold_us": 200.0, "send_tau_us": 2000.0}
-    got = _cold_send_s(sh, t_src, own, host)
-    cold = lambda gap: 200e-6 * (1 - np.exp(-gap / 2e-3))  # noqa: E731
-    gaps = {1: 3e-3, 4: 0.5e-3}
-    want = [cold(4e-3), cold(gaps[1]), cold(gaps[4]), 0.0]  # d's first transfer (in transfer order) pays
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
-    # a collective's result is sent by its members' communicators: not charged; no keys, no charge
-    assert _cold_send_s(sh, t_src, np.array([False, True, True, False]), host)[[0, 3]].tolist() == [0.0, 0.0]
-    assert not _cold_send_s(sh, t_src, own, {"per_message_us": 100.0, "copy_GBps": 1.0}).any()
-
-
-def test_cold_receives_cost_the_reader_by_the_compute_since_the_previous_receive():
-    """host_comm.recv_cold_us / recv_tau_us: the first reader of a received tensor pays cold
-    (1 - exp(-gap / tau)) more, the gap being its device's compute (in schedule order) from the
-    end of the previous first reader to this reader's start, from the step's start for the
-    first; a reader of two received tensors pays once (``_cold_recv_s`` on the shards of the
-    test above); through ``build_taskgraph`` the reader's duration carries it, under both
-    receive models, and nothing changes without the keys."""
-    from types import SimpleNamespace
-
-    from harness.cluster import build_cluster
-    from simulators.taskgraph import _cold_recv_s
-    from tests.conftest import DEVICE
-
-    sh = SimpleNamespace(node=np.arange(5), dev=np.array([0, 0, 0, 0, 1]), prio=np.array([0, 1, 2, 3, 0]),
-                         dur=np.array([1e-3, 2e-3, 3e-3, 1e-3, 0.5e-3]), is_coll=np.zeros(5, dtype=bool))
-    readers = np.array([2, 0, 4, 2])  # c reads two tensors, a one, e one
-    host = {"recv_cold_us": 300.0, "recv_tau_us": 4000.0}
-    cold = lambda gap: 300e-6 * (1 - np.exp(-gap / 4e-3))  # noqa: E731
-    # a: from the step's start to its start, 0; c: from a's end (1 ms) to c's start (3 ms); e: 0
-    np.testing.assert_allclose(_cold_recv_s(sh, readers, host), [cold(2e-3), 0.0, 0.0, 0.0], rtol=1e-12, atol=1e-15)
-    assert not _cold_recv_s(sh, readers, {"per_message_us": 100.0}).any()
-
-    # a -> (message) -> c on device 1, which first runs b: c's gap is b's time
-    g = make_graph(3, [(0, 2)], [1e6, 5e9, 1e6], [40_000])
-    strat = Strategy.placement([0, 1, 1], [0, 0, 1])
-    base = {"per_message_us": 50.0, "copy_GBps": 4.0, "recv_idle_us": 20.0}
-    for when in ("always", "busy"):
-        def tg_of(extra):
-            c = build_cluster("cpu", DEVICE, gpus=2, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0},
-                              host_comm={**base, "recv_when": when, **extra})
-            return simulate(g, strat, c, AnalyticalCostModel(c, launch_us=0.0)).taskgraph
-        plain, warm = tg_of({}), tg_of(host)
-        b, c = (int(np.flatnonzero((plain.kind == COMPUTE) & (plain.node == i))[0]) for i in (1, 2))
-        np.testing.assert_allclose(warm.dur[c] - plain.dur[c], cold(plain.dur[b]), rtol=1e-9)
-        others = np.arange(len(plain.dur)) != c
-        np.testing.assert_array_equal(warm.dur[others], plain.dur[others])
-
-
 def test_measured_collective_replaces_the_links_in_the_ring_formula():
-    from harness.cluster import build_cluster
-    from tests.conftest import DEVICE
+    from harness.core.cluster import build_cluster
+    from tests.helpers import DEVICE
 
     intra = {"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 100.0}
     plain = AnalyticalCostModel(build_cluster("cpu", DEVICE, gpus=4, intra=intra))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.common import compose
+from harness.compose import compose
 from harness import worth as W
 from harness.run import format_summary, run
 
@@ -47,9 +47,9 @@ def test_a_plan_slower_than_one_device_is_flagged():
 
 
 def W_lines(row):
-    from harness.run import _worth_lines
+    from harness.run import worth_lines
 
-    return _worth_lines(row)
+    return worth_lines(row)
 
 
 def test_references_are_computed_once_per_key_and_shared_through_the_cache_dir(tmp_path):

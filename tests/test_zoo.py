@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn import functional as F
 
-from harness.zoo import (
+from harness.core.zoo import (
     alexnet,
     holography,
     inception,
@@ -398,7 +398,7 @@ def test_conf_resolves_and_matches_its_module(name: str) -> None:
     cfg = load_model_conf(name)
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
-    assert data["_target_"] == "harness.models.TorchModel"
+    assert data["_target_"] == "harness.core.models.TorchModel"
     assert data["name"] == name
     assert data["loss"] in ("cross_entropy", "mse")
     assert isinstance(data["batch_size"], int) and data["batch_size"] > 0

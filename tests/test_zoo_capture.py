@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from algorithms.m_topo import MTopo
-from experiments.common import compose, zoo_models
-from harness.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, UPDATE
+from experiments.common import zoo_models
+from harness.compose import compose
+from harness.core.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, UPDATE
 from harness.run import build
 from simulators.simulate import simulate
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.common import compose, zoo_models
-from harness.capture import capture
+from experiments.common import zoo_models
+from harness.compose import compose
+from harness.core.capture import capture
 from harness.run import build
 
 

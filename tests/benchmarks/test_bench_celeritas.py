@@ -15,7 +15,7 @@ import pytest
 
 from algorithms.celeritas import Celeritas
 from algorithms.m_sct import MSCT
-from experiments.common import compose
+from harness.compose import compose
 from harness.run import build
 
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from algorithms.layer_costs import build_tables
+from algorithms.layer_tables import build_tables
 from algorithms.optcnn import OptCNN
 from algorithms.pase import vertex_elimination
 from experiments._layerwise import parametric, problem

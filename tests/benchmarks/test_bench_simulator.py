@@ -8,10 +8,10 @@ import pytest
 
 from algorithms.baselines import DataParallel
 from algorithms.m_topo import MTopo
-from experiments.common import compose
-from harness.models import SyntheticGraph
+from harness.compose import compose
+from harness.core.models import SyntheticGraph
 from harness.run import build
-from harness.strategy import Strategy
+from harness.core.strategy import Strategy
 from simulators.simulate import simulate
 
 

@@ -1,0 +1,63 @@
+"""PaSE's cost functions of a layer graph's configurations (``costs=pase``): t_V per node and
+t_E per edge of :class:`harness.core.pase_costs.PaseCostModel`, in FLOPs divided by its peak FLOP/s
+so that the tables hold seconds like OptCNN's (:mod:`algorithms.layer_optcnn_costs`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from algorithms.layer_configs import SpaceOptions
+from harness.core.cluster import Cluster
+from harness.core.layer_shards import ShardGrid
+from harness.core.layergraph import LayerGraph
+from harness.core.pase_costs import PaseCostModel
+
+
+class PaseLayerCosts:
+    """t_V per node and t_E per edge of one (layer graph, PaSE cost model)."""
+
+    #: ``LayerCostTables.model``
+    model = "pase"
+    #: the edge part's key in :func:`algorithms.layer_costs.evaluate`
+    edge_part = "t_E"
+
+    def __init__(self, lg: LayerGraph, cluster: Cluster, costs: PaseCostModel) -> None:
+        self.lg = lg
+        self.cluster = cluster
+        self.costs = costs
+
+    @classmethod
+    def default_options(cls, lg: LayerGraph, costs: PaseCostModel, space: str | None, product: str | None,
+                        cutoff: int | str | None, mapping: str | None) -> SpaceOptions:
+        """PaSE's space: its iteration domains, the cost model's product and cutoff (4 for CNNs, 1 else)."""
+        space = space or "pase"
+        product = product or costs.product
+        if cutoff in (None, "auto"):
+            cutoff = costs.cutoff_for(lg)
+        return SpaceOptions(space, product, int(cutoff), mapping or "linear")
+
+    def table_meta(self) -> dict[str, Any]:
+        """What :class:`algorithms.layer_tables.LayerCostTables` records of the build: the FLOP
+        rate that turns its seconds back into PaSE's FLOPs, and FLOPs per word."""
+        return {"edge_cache_entries": 0, "peak_flops": self.costs.peak_flops, "r": self.costs.r}
+
+    def objective_extras(self, objective_s: float) -> dict[str, Any]:
+        """The objective in PaSE's own unit, FLOPs."""
+        return {"objective_flops": objective_s * self.costs.peak_flops}
+
+    def node_costs(self, grid: ShardGrid) -> dict[str, np.ndarray]:
+        """t_V of node ``grid.node`` for every config of the grid, in seconds."""
+        flops = self.costs.vertex_flops(self.lg, grid.node, grid.dims, grid.degrees)
+        return {"t_V": flops / self.costs.peak_flops}
+
+    def edge_costs(self, e: int, gu: ShardGrid, gv: ShardGrid) -> tuple[np.ndarray, np.ndarray]:
+        """t_E of edge e for every config pair and its words x 8 (bytes), ``[Cu, Cv]`` each.
+        An edge from an input costs nothing (PaSE's graphs have no such edge)."""
+        lg = self.lg
+        Cu, Cv = gu.num_configs, gv.num_configs
+        if lg.kinds[int(lg.src[e])] == "input":
+            return np.zeros((Cu, Cv)), np.zeros((Cu, Cv))
+        fl = self.costs.edge_flops(lg, e, gu.dims, gu.degrees, gv.dims, gv.degrees)
+        return fl / self.costs.peak_flops, fl / self.costs.r * 8.0

@@ -1,0 +1,578 @@
+"""Clusters: devices, directional links, and a route (list of links) between every pair.
+
+Links follow the alpha-beta model: a transfer of ``b`` bytes over a route takes
+``sum(lat) + b / min(bw)``.  Routes go through shared links (a GPU's NVLink or PCIe port,
+a PCIe switch uplink, a node's NIC), so transfers that share a link contend for it in the
+simulator.  Every link is directional (full duplex = two links).
+
+Units: bandwidths in the YAML are ``bw_GBps`` (gigabytes per second) or ``bw_gbps``
+(gigabits per second, the network convention), per direction (``link_GBps``: one NVLink
+brick); latencies ``lat_us``; device peaks ``peak_tflops`` per math mode (``float32`` on CUDA
+cores; ``tf32``, ``float16``, ``bfloat16`` on tensor cores, dense); memory ``mem_GiB`` and
+``mem_bw_GBps``.  In Python everything is SI: bytes, seconds, FLOP/s, bytes/s.
+
+Every figure is checked where it is read, and a bad one is a :class:`ClusterError` naming its
+key as the user types it (``cluster.intra.bw_GBps must be > 0, got -5``): bandwidths, peaks
+and memory finite and > 0, latencies finite and >= 0, ``gpus``, ``nodes`` and other counts
+integers >= 1.  The checks (:func:`positive_number`, :func:`non_negative_number`,
+:func:`unit_fraction`, :func:`positive_int`, :func:`integer`) take the error class to raise, so
+the cost models and graph sources use them for their own keys.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from harness.core.errors import UserError
+
+GIB = 2**30
+
+
+class ClusterError(UserError, ValueError):
+    """A cluster description is invalid (no devices, unknown topology, missing bandwidth)."""
+
+
+# ---------------------------------------------------------------------------- value checks
+def _finite(value: Any, key: str, rule: str, error: type[UserError]) -> float:
+    """``value`` as a float, or ``error`` naming ``key`` when it is not a finite number."""
+    try:
+        x = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise error(f"{key} must be a finite number {rule}, got {value!r}")
+    return x
+
+
+def positive_number(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
+    """``value`` as a float > 0 (a bandwidth, a peak, a memory size), else ``error`` naming ``key``."""
+    x = _finite(value, key, "> 0", error)
+    if x <= 0:
+        raise error(f"{key} must be > 0, got {value!r}")
+    return x
+
+
+def non_negative_number(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
+    """``value`` as a float >= 0 (a latency, a launch overhead), else ``error`` naming ``key``."""
+    x = _finite(value, key, ">= 0", error)
+    if x < 0:
+        raise error(f"{key} must be >= 0, got {value!r}")
+    return x
+
+
+def unit_fraction(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
+    """``value`` as a float in (0, 1] (an efficiency), else ``error`` naming ``key``."""
+    x = _finite(value, key, "in (0, 1]", error)
+    if not 0 < x <= 1:
+        raise error(f"{key} must be in (0, 1], got {value!r}")
+    return x
+
+
+def _as_int(value: Any) -> int | None:
+    """``value`` as an int when it is one (an integral float or a numeric string too), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(x) if math.isfinite(x) and x.is_integer() else None
+
+
+def integer(value: Any, key: str, error: type[UserError] = ClusterError) -> int:
+    """``value`` as an int (2.5, ``None`` or ``"abc"`` are refused), else ``error`` naming ``key``."""
+    n = _as_int(value)
+    if n is None:
+        raise error(f"{key} must be an integer, got {value!r}")
+    return n
+
+
+def positive_int(value: Any, key: str, error: type[UserError] = ClusterError) -> int:
+    """``value`` as an int >= 1 (a count: GPUs, nodes, a batch size), else ``error`` naming ``key``."""
+    n = _as_int(value)
+    if n is None or n < 1:
+        raise error(f"{key} must be an integer >= 1, got {value!r}")
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """One accelerator model, from its datasheet."""
+
+    kind: str
+    peak_flops: Mapping[str, float]  # FLOP/s per dtype name ("float32", "float16", ...)
+    mem_bw: float  # bytes/s
+    mem_capacity: int  # bytes
+
+    def peak(self, dtype: str = "float32") -> float:
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        return self.peak_flops["float32"]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    id: int
+    name: str  # e.g. "n0/gpu2"
+    spec: DeviceSpec
+    host: int
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A directional link.  ``cls`` is the link class used when reporting bytes moved."""
+
+    id: int
+    name: str
+    cls: str
+    bw: float  # bytes/s
+    lat: float  # s
+
+
+@dataclass(eq=False)
+class Cluster:
+    """Devices, links and routes.  ``routes[i][j]`` is the tuple of link ids from i to j."""
+
+    name: str
+    devices: list[Device]
+    links: list[Link]
+    routes: list[list[tuple[int, ...]]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        d = len(self.devices)
+        if d == 0:
+            raise ClusterError(f"cluster {self.name!r} has no devices")
+        if len(self.routes) != d or any(len(r) != d for r in self.routes):
+            raise ClusterError(f"cluster {self.name!r}: routes must be a {d}x{d} table")
+        nl = len(self.links)
+        for i in range(d):
+            for j in range(d):
+                r = self.routes[i][j]
+                if i != j and not r:
+                    raise ClusterError(f"cluster {self.name!r}: no route from device {i} to device {j}")
+                for l in r:
+                    if not 0 <= l < nl:
+                        raise ClusterError(f"cluster {self.name!r}: route {i}->{j} uses unknown link {l}")
+        self.route_bw = np.full((d, d), np.inf)
+        self.route_lat = np.zeros((d, d))
+        for i in range(d):
+            for j in range(d):
+                if i != j:
+                    self.route_bw[i, j] = min(self.links[l].bw for l in self.routes[i][j])
+                    self.route_lat[i, j] = sum(self.links[l].lat for l in self.routes[i][j])
+        self.link_classes: list[str] = sorted({l.cls for l in self.links})
+        width = max((len(r) for row in self.routes for r in row), default=0)
+        #: routes as a padded array [D, D, width] of link ids (-1 = none) and their lengths
+        self.route_links = np.full((d, d, width), -1, dtype=np.int64)
+        self.route_len = np.zeros((d, d), dtype=np.int64)
+        for i in range(d):
+            for j in range(d):
+                r = self.routes[i][j]
+                self.route_links[i, j, : len(r)] = r
+                self.route_len[i, j] = len(r)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def mem_capacity(self) -> np.ndarray:
+        return np.array([dev.spec.mem_capacity for dev in self.devices], dtype=np.int64)
+
+    def subset(self, k: int) -> "Cluster":
+        """The first ``k`` devices with the links their routes use (OptCNN Fig. 7's 1..16 GPU points)."""
+        if not 1 <= k <= self.num_devices:
+            raise ClusterError(f"cluster {self.name!r} has {self.num_devices} devices; cannot take {k}")
+        used = sorted({l for i in range(k) for j in range(k) for l in self.routes[i][j]})
+        remap = {old: new for new, old in enumerate(used)}
+        links = [Link(remap[l], self.links[l].name, self.links[l].cls, self.links[l].bw, self.links[l].lat) for l in used]
+        routes = [[tuple(remap[l] for l in self.routes[i][j]) for j in range(k)] for i in range(k)]
+        return Cluster(f"{self.name}[:{k}]", self.devices[:k], links, routes, dict(self.meta))
+
+    def with_host_comm(self, host_comm: Mapping[str, Any]) -> "Cluster":
+        """The same cluster with other ``host_comm`` figures (what a message costs a CPU rank's
+        core, see :func:`simulators.taskgraph.build_taskgraph`); this one is left as it is."""
+        return Cluster(self.name, self.devices, self.links, self.routes, {**self.meta, "host_comm": dict(host_comm)})
+
+    def ring_bandwidth(self, devices: Sequence[int]) -> float:
+        """Per-GPU bandwidth (bytes/s, each direction) that a bandwidth-optimal ring all-reduce
+        among ``devices`` can use - NCCL's rings, which run one ring per NVLink brick at once.
+
+        Reading: each member injects into the members on its host at the sum of the
+        bandwidths of its direct links (single-link routes) to them when it has any (NVLink
+        bricks: several rings at once), else at the bottleneck (smallest) bandwidth of its
+        routes to them (a PCIe tree, a switch port); the group's figure is the smallest over
+        its members.  A group on several hosts is also bounded, per host, by the NICs its GPUs
+        there use: NIC bandwidth x NICs used.  A ring crosses each host boundary once per
+        direction, so a ring's traffic leaves a host through one NIC at the ring's full
+        bandwidth, and NCCL runs one ring per NIC (rail-aligned on DGX nodes): k NICs carry k
+        rings at once.  Contention between the ring's own flows on shared links (a switch
+        uplink, QPI) is not counted: a ring that visits the GPUs of each switch in turn
+        crosses every shared link once per direction.  One device gives ``inf`` (nothing to
+        send).
+        """
+        group = [int(x) for x in devices]
+        if len(set(group)) != len(group) or not all(0 <= x < self.num_devices for x in group):
+            raise ClusterError(f"cluster {self.name!r}: ring_bandwidth needs distinct device ids in 0..{self.num_devices - 1}, got {group}")
+        if len(group) < 2:
+            return math.inf
+        bw = math.inf
+        per_host: dict[int, list[int]] = {}
+        for x in group:
+            per_host.setdefault(self.devices[x].host, []).append(x)
+        for xs in per_host.values():
+            for x in xs:
+                others = [y for y in xs if y != x]
+                if not others:
+                    continue
+                direct = {self.routes[x][y][0] for y in others if self.route_len[x, y] == 1}
+                inject = sum(self.links[l].bw for l in direct) if direct else min(float(self.route_bw[x, y]) for y in others)
+                bw = min(bw, inject)
+        if len(per_host) > 1:
+            if "nic_of" not in self.meta:
+                raise ClusterError(f"cluster {self.name!r} spans hosts but does not describe its NICs (meta nic_of, nic_bw)")
+            for xs in per_host.values():
+                bw = min(bw, self.meta["nic_bw"] * len({self.meta["nic_of"][x] for x in xs}))
+        return float(bw)
+
+    def describe(self) -> str:
+        spec = self.devices[0].spec
+        hosts = len({d.host for d in self.devices})
+        text = (
+            f"{self.name}: {self.num_devices} x {spec.kind} on {hosts} host(s), "
+            f"{len(self.links)} links ({', '.join(self.link_classes) or 'none'})"
+        )
+        if self.num_devices > 1 and (hosts == 1 or "nic_of" in self.meta):
+            text += f", ring all-reduce {self.ring_bandwidth(range(self.num_devices)) / 1e9:.1f} GB/s per GPU"
+        return text
+
+
+# ---------------------------------------------------------------------------- builders
+def _bw(spec: Mapping[str, Any], key: str) -> float:
+    """A link's bandwidth in bytes/s from the ``bw_GBps`` or ``bw_gbps`` of the spec at
+    ``cluster.<key>``."""
+    if spec.get("bw_GBps") is not None:
+        return positive_number(spec["bw_GBps"], f"cluster.{key}.bw_GBps") * 1e9
+    if spec.get("bw_gbps") is not None:
+        return positive_number(spec["bw_gbps"], f"cluster.{key}.bw_gbps") * 1e9 / 8
+    raise ClusterError(f"cluster.{key} needs bw_GBps (gigabytes/s) or bw_gbps (gigabits/s)")
+
+
+#: the keys of a device spec (``conf/cluster/device/*.yaml``)
+DEVICE_KEYS: tuple[str, ...] = ("kind", "peak_tflops", "mem_bw_GBps", "mem_GiB")
+#: the math modes a device's ``peak_tflops`` may name (``float32`` is required)
+PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float64")
+
+
+def _peaks(peaks: Any, key: str) -> dict[str, float]:
+    """FLOP/s per math mode from ``peak_tflops`` (one number: the FP32 peak; or a mapping by
+    :data:`PEAK_KEYS` with a ``float32`` entry), each > 0."""
+    if not isinstance(peaks, Mapping):
+        return {"float32": positive_number(peaks, key) * 1e12}
+    unknown = [str(k) for k in peaks if str(k) not in PEAK_KEYS]
+    if unknown:
+        raise ClusterError(f"{key}.{unknown[0]} is not a math mode: peak_tflops takes {', '.join(PEAK_KEYS)}")
+    if "float32" not in peaks:
+        raise ClusterError(f"{key}.float32 is missing: every device needs its FP32 peak (the fallback of the other modes)")
+    return {str(k): positive_number(v, f"{key}.{k}") * 1e12 for k, v in dict(peaks).items()}
+
+
+def device_spec(spec: Mapping[str, Any], key: str = "cluster.device") -> DeviceSpec:
+    """Build a :class:`DeviceSpec` from a YAML mapping (``kind, peak_tflops, mem_bw_GBps, mem_GiB``)
+    at config path ``key``; a missing, unknown or out-of-range key is a :class:`ClusterError`."""
+    unknown = [str(k) for k in spec if str(k) not in DEVICE_KEYS]
+    if unknown:
+        raise ClusterError(f"{key}.{unknown[0]} is not a device key: a device takes {', '.join(DEVICE_KEYS)}")
+    missing = [k for k in DEVICE_KEYS if k not in spec]
+    if missing:
+        raise ClusterError(f"{key} is missing {missing[0]!r}: a device needs {', '.join(DEVICE_KEYS)}")
+    return DeviceSpec(str(spec["kind"]), _peaks(spec["peak_tflops"], f"{key}.peak_tflops"),
+                      positive_number(spec["mem_bw_GBps"], f"{key}.mem_bw_GBps") * 1e9,
+                      int(positive_number(spec["mem_GiB"], f"{key}.mem_GiB") * GIB))
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.links: list[Link] = []
+
+    def link(self, name: str, cls: str, bw: float, lat: float) -> int:
+        self.links.append(Link(len(self.links), name, cls, bw, lat))
+        return len(self.links) - 1
+
+
+#: the routes among one host's GPUs, by (source, destination) device id
+Routes = dict[tuple[int, int], tuple[int, ...]]
+
+
+def _lat(spec: Mapping[str, Any], default_us: float, key: str) -> float:
+    """A link's latency in seconds from the ``lat_us`` of the spec at ``cluster.<key>``."""
+    return non_negative_number(spec.get("lat_us", default_us), f"cluster.{key}.lat_us") * 1e-6
+
+
+def _mesh_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
+    """A dedicated link per ordered pair of GPUs (all-to-all NVLink of equal width)."""
+    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
+    routes: Routes = {}
+    for a in range(len(gpus)):
+        for c in range(len(gpus)):
+            if a != c:
+                routes[gpus[a], gpus[c]] = (b.link(f"{prefix}gpu{a}->gpu{c}", cls, bw, lat),)
+    return routes
+
+
+def _switch_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
+    """A non-blocking switch (NVSwitch): one port per GPU each way, every route is port in -> port out."""
+    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
+    k = len(gpus)
+    up = [b.link(f"{prefix}gpu{a}->sw", cls, bw, lat / 2) for a in range(k)]
+    down = [b.link(f"{prefix}sw->gpu{a}", cls, bw, lat / 2) for a in range(k)]
+    return {(gpus[a], gpus[c]): (up[a], down[c]) for a in range(k) for c in range(k) if a != c}
+
+
+def _pcie_tree_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
+    """GPUs under PCIe switches (``gpus_per_switch``), each switch's ``uplink`` to a root complex.
+
+    With ``sockets: S`` the switches are split evenly among S CPU sockets, each with its own
+    root complex, and the roots are joined by ``qpi: {bw_GBps, lat_us}`` (a link per ordered
+    pair of sockets): a route between GPUs on different sockets is GPU -> switch -> root(a) ->
+    QPI -> root(b) -> switch -> GPU.  Without ``sockets`` there is one root, named ``root``.
+    """
+    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
+    k = len(gpus)
+    per_sw = positive_int(spec.get("gpus_per_switch", 2), f"cluster.{key}.gpus_per_switch")
+    up = [b.link(f"{prefix}gpu{a}->sw{a // per_sw}", cls, bw, lat / 2) for a in range(k)]
+    down = [b.link(f"{prefix}sw{a // per_sw}->gpu{a}", cls, bw, lat / 2) for a in range(k)]
+    nsw = (k + per_sw - 1) // per_sw
+    sockets = integer(spec.get("sockets", 1), f"cluster.{key}.sockets")
+    if sockets < 1 or nsw % sockets:
+        raise ClusterError(f"{key}.sockets: {sockets} socket(s) cannot share the {nsw} PCIe switch(es) evenly")
+    sock = [s // (nsw // sockets) for s in range(nsw)]
+    root = [f"root{sock[s]}" if sockets > 1 else "root" for s in range(nsw)]
+    up_bw = _bw(spec["uplink"], f"{key}.uplink") if spec.get("uplink") is not None else _bw(spec, key)
+    sw_up = [b.link(f"{prefix}sw{s}->{root[s]}", cls, up_bw, 0.0) for s in range(nsw)]
+    sw_down = [b.link(f"{prefix}{root[s]}->sw{s}", cls, up_bw, 0.0) for s in range(nsw)]
+    qpi: dict[tuple[int, int], int] = {}
+    if sockets > 1:
+        q = spec.get("qpi")
+        if q is None:
+            raise ClusterError(f"{key}.qpi is missing: {sockets} sockets need qpi: {{bw_GBps, lat_us}} between their root complexes")
+        qcls, qbw, qlat = str(q.get("cls", "qpi")), _bw(q, f"{key}.qpi"), _lat(q, 0.0, f"{key}.qpi")
+        for x in range(sockets):
+            for y in range(sockets):
+                if x != y:
+                    qpi[x, y] = b.link(f"{prefix}root{x}->root{y}", qcls, qbw, qlat)
+    routes: Routes = {}
+    for a in range(k):
+        for c in range(k):
+            if a == c:
+                continue
+            sa, sc = a // per_sw, c // per_sw
+            if sa == sc:
+                routes[gpus[a], gpus[c]] = (up[a], down[c])
+            else:
+                cross = (qpi[sock[sa], sock[sc]],) if sock[sa] != sock[sc] else ()
+                routes[gpus[a], gpus[c]] = (up[a], sw_up[sa], *cross, sw_down[sc], down[c])
+    return routes
+
+
+def _nvlink_pairs(pairs: Any, k: int, key: str) -> dict[tuple[int, int], int]:
+    """``[[i, j, nlinks], ...]`` checked against a node of ``k`` GPUs, as ``{(min, max): nlinks}``."""
+    if not isinstance(pairs, Sequence) or isinstance(pairs, str):
+        raise ClusterError(f"{key}.pairs must be a list [[i, j, nlinks], ...] of the GPU pairs with NVLink (got {pairs!r})")
+    out: dict[tuple[int, int], int] = {}
+    for p in pairs:
+        try:
+            i, j, n = (int(v) for v in p)
+        except (TypeError, ValueError):
+            raise ClusterError(f"{key}.pairs entry {p!r} is not [i, j, nlinks]") from None
+        if not (0 <= i < k and 0 <= j < k) or i == j:
+            raise ClusterError(f"{key}.pairs entry {[i, j, n]} must name two different GPUs among 0..{k - 1}")
+        if n < 1:
+            raise ClusterError(f"{key}.pairs entry {[i, j, n]}: nlinks must be >= 1")
+        pair = (min(i, j), max(i, j))
+        if pair in out:
+            raise ClusterError(f"{key}.pairs lists GPUs {pair[0]} and {pair[1]} twice")
+        out[pair] = n
+    return out
+
+
+def _nvlink_mesh_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
+    """NVLink point to point, as on DGX-1's hybrid cube-mesh: each listed pair ``[i, j, nlinks]``
+    gets ``nlinks`` bricks of ``link_GBps`` per direction (one directional link each way of
+    ``nlinks x link_GBps``).  Pairs without an NVLink take their route through ``fallback``
+    (an intra-node spec, typically a ``pcie_tree`` with ``sockets``: CUDA peer-to-peer between
+    GPUs without an NVLink goes over PCIe, and over QPI across CPU sockets)."""
+    if spec.get("link_GBps") is None:
+        raise ClusterError(f"{key}.link_GBps is missing: nvlink_mesh needs the bandwidth of one brick per direction")
+    brick = positive_number(spec["link_GBps"], f"cluster.{key}.link_GBps") * 1e9
+    cls, lat = str(spec.get("cls", "nvlink")), _lat(spec, 5.0, key)
+    bricks = _nvlink_pairs(spec.get("pairs"), len(gpus), key)
+    routes: Routes = {}
+    for (a, c), n in bricks.items():
+        routes[gpus[a], gpus[c]] = (b.link(f"{prefix}gpu{a}->gpu{c}", cls, n * brick, lat),)
+        routes[gpus[c], gpus[a]] = (b.link(f"{prefix}gpu{c}->gpu{a}", cls, n * brick, lat),)
+    fallback = spec.get("fallback")
+    if fallback is None:
+        missing = [(a, c) for a in range(len(gpus)) for c in range(a + 1, len(gpus)) if (a, c) not in bricks]
+        if missing:
+            raise ClusterError(f"{key}.fallback is missing: GPUs {missing[0][0]} and {missing[0][1]} have no NVLink ({len(missing)} such pair(s))")
+        return routes
+    if str(fallback.get("topology", "switch")) == "nvlink_mesh":
+        raise ClusterError(f"{key}.fallback cannot be another nvlink_mesh")
+    for pair, r in _intra_routes(b, prefix, gpus, fallback, f"{key}.fallback").items():
+        routes.setdefault(pair, r)
+    return routes
+
+
+_TOPOLOGIES = {"mesh": _mesh_routes, "switch": _switch_routes, "pcie_tree": _pcie_tree_routes, "nvlink_mesh": _nvlink_mesh_routes}
+
+
+def _intra_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str = "cluster.intra") -> Routes:
+    """Routes among the GPUs of one host, by ``spec["topology"]`` (``key``, the spec's path in
+    the config such as ``cluster.intra`` or ``cluster.intra.fallback``, names it in errors)."""
+    topo = str(spec.get("topology", "switch"))
+    if topo not in _TOPOLOGIES:
+        raise ClusterError(f"{key}.topology={topo!r} is not a topology: use {', '.join(_TOPOLOGIES)}")
+    return _TOPOLOGIES[topo](b, prefix, gpus, spec, key)
+
+
+def build_cluster(
+    name: str,
+    device: Mapping[str, Any],
+    gpus: int,
+    nodes: int = 1,
+    intra: Mapping[str, Any] | None = None,
+    inter: Mapping[str, Any] | None = None,
+    host_link: Mapping[str, Any] | None = None,
+    **meta: Any,
+) -> Cluster:
+    """Build a cluster of ``nodes`` hosts with ``gpus`` devices each (the Hydra ``_target_`` of conf/cluster).
+
+    ``intra`` describes the links inside a host (``topology`` mesh / switch / pcie_tree /
+    nvlink_mesh, ``cls``, ``bw_GBps`` or ``bw_gbps``, ``lat_us``; see ``_pcie_tree_routes``
+    and ``_nvlink_mesh_routes`` for their own keys); ``inter`` the NICs of each host
+    (``nics_per_node``: k NICs, GPU g of a host using NIC g * k // gpus; 1 by default);
+    ``host_link`` the path from a GPU to its NIC (PCIe by default).  A route between hosts is
+    GPU -> its NIC (host_link) -> NIC egress -> NIC ingress of the destination GPU's NIC -> GPU.
+    Two more keys land in ``Cluster.meta`` (:data:`META_KEYS`): ``collective: {lat_us, bw_GBps}``
+    (measured all-reduce figures, e.g. by ``python -m harness.calibrate``) replaces the links'
+    in the cost model's ring all-reduce; ``host_comm`` (:data:`HOST_COMM_KEYS`) is what a
+    message costs a CPU rank's core (see :func:`simulators.taskgraph.build_taskgraph`).  Any
+    other key, and any figure out of range, is a :class:`ClusterError` naming it.
+    """
+    gpus, nodes = positive_int(gpus, "cluster.gpus"), positive_int(nodes, "cluster.nodes")
+    _check_meta(meta)
+    spec = device_spec(device)
+    intra = dict(intra or {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0})
+    b = _Builder()
+    devices = [Device(h * gpus + g, f"n{h}/gpu{g}", spec, h) for h in range(nodes) for g in range(gpus)]
+    d = len(devices)
+    routes: list[list[tuple[int, ...]]] = [[() for _ in range(d)] for _ in range(d)]
+    for h in range(nodes):
+        ids = list(range(h * gpus, (h + 1) * gpus))
+        prefix = f"n{h}/" if nodes > 1 else ""
+        for (i, j), links in _intra_routes(b, prefix, ids, intra).items():
+            routes[i][j] = links
+    nic_meta: dict[str, Any] = {}
+    if nodes > 1:
+        if inter is None:
+            raise ClusterError(f"cluster {name!r} has {nodes} nodes but no inter-node link (inter:)")
+        nic_bw = _bw(inter, "inter")
+        nic_lat = _lat(inter, 2.0, "inter")
+        icls = str(inter.get("cls", "ib"))
+        nics = integer(inter.get("nics_per_node", 1), "cluster.inter.nics_per_node")
+        if not 1 <= nics <= gpus:
+            raise ClusterError(f"cluster.inter.nics_per_node: {nics} must be between 1 and gpus ({gpus})")
+        nic_of = [(dev.id % gpus) * nics // gpus for dev in devices]
+        nic = [f"nic{m}" if nics > 1 else "nic" for m in range(nics)]
+        hl = dict(host_link or {"cls": "pcie", "bw_GBps": 16.0, "lat_us": 1.0})
+        hbw = _bw(hl, "host_link")
+        hlat = _lat(hl, 1.0, "host_link")
+        hcls = str(hl.get("cls", "pcie"))
+        to_nic = [b.link(f"{dev.name}->{nic[nic_of[dev.id]]}", hcls, hbw, hlat / 2) for dev in devices]
+        from_nic = [b.link(f"{nic[nic_of[dev.id]]}->{dev.name}", hcls, hbw, hlat / 2) for dev in devices]
+        nic_out = [[b.link(f"n{h}/{nic[m]}->net", icls, nic_bw, nic_lat / 2) for m in range(nics)] for h in range(nodes)]
+        nic_in = [[b.link(f"net->n{h}/{nic[m]}", icls, nic_bw, nic_lat / 2) for m in range(nics)] for h in range(nodes)]
+        for i, di in enumerate(devices):
+            for j, dj in enumerate(devices):
+                if di.host != dj.host:
+                    routes[i][j] = (to_nic[i], nic_out[di.host][nic_of[i]], nic_in[dj.host][nic_of[j]], from_nic[j])
+        nic_meta = {"nics_per_node": nics, "nic_bw": nic_bw, "nic_of": tuple(nic_of)}
+    return Cluster(name, devices, b.links, routes, {"gpus_per_node": gpus, "nodes": nodes, **nic_meta, **meta})
+
+
+#: the keys of ``cluster.collective`` (a measured all-reduce) and their rule; both required
+COLLECTIVE_KEYS: dict[str, str] = {"lat_us": ">= 0", "bw_GBps": "> 0"}
+#: the keys of ``cluster.host_comm`` and their rule: times >= 0, the copy rate and the time
+#: constants > 0 (:class:`simulators.hostcost.CpuHostCost` takes them)
+HOST_COMM_KEYS: dict[str, str] = {
+    "per_message_us": ">= 0", "copy_GBps": "> 0", "recv_idle_us": ">= 0",
+    "send_cold_us": ">= 0", "send_tau_us": "> 0", "recv_cold_us": ">= 0", "recv_tau_us": "> 0", "recv_when": "always | busy",
+}
+#: the keys of a cluster config that land in ``Cluster.meta``
+META_KEYS: tuple[str, ...] = ("collective", "host_comm")
+
+
+def _check_meta(meta: Mapping[str, Any]) -> None:
+    """Refuse a cluster key :func:`build_cluster` does not take and figures of ``collective``
+    and ``host_comm`` out of range, naming the key."""
+    unknown = [str(k) for k in meta if k not in META_KEYS]
+    if unknown:
+        raise ClusterError(f"cluster.{unknown[0]} is not a cluster key: a cluster takes name, device, gpus, nodes, intra, "
+                           f"inter, host_link, {', '.join(META_KEYS)}")
+    if meta.get("collective") is not None:
+        _check_figures(meta["collective"], "cluster.collective", COLLECTIVE_KEYS, required=tuple(COLLECTIVE_KEYS))
+    if meta.get("host_comm") is not None:
+        _check_figures(meta["host_comm"], "cluster.host_comm", HOST_COMM_KEYS, required=("copy_GBps",))
+
+
+def _check_figures(block: Any, key: str, rules: Mapping[str, str], required: Sequence[str]) -> None:
+    """Check a mapping of figures at ``key`` against ``rules`` (``> 0``, ``>= 0`` or the
+    choices ``a | b``): every key known, the ``required`` ones present, each value in range."""
+    if not isinstance(block, Mapping):
+        raise ClusterError(f"{key} must be a mapping of {', '.join(rules)}, got {block!r}")
+    unknown = [str(k) for k in block if k not in rules]
+    if unknown:
+        raise ClusterError(f"{key}.{unknown[0]} is not a key of {key}: it takes {', '.join(rules)}")
+    missing = [k for k in required if block.get(k) is None]
+    if missing:
+        raise ClusterError(f"{key}.{missing[0]} is missing: {key} needs {', '.join(required)}")
+    for k, v in block.items():
+        rule = rules[k]
+        if rule == "> 0":
+            positive_number(v, f"{key}.{k}")
+        elif rule == ">= 0":
+            non_negative_number(v, f"{key}.{k}")
+        elif v not in rule.split(" | "):
+            raise ClusterError(f"{key}.{k} must be {' or '.join(map(repr, rule.split(' | ')))}, got {v!r}")
+
+
+#: the cluster presets of the Hydra config (conf/cluster/<name>.yaml)
+PRESETS = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+
+
+def preset(name: str, **overrides: Any) -> Cluster:
+    """Build the preset ``conf/cluster/<name>.yaml`` without Hydra (its ``device`` default and
+    plain values only), with top-level keys overridden (``nodes=2``): for code that needs a
+    named testbed outside a job, such as the all-reduce fit of :mod:`harness.kernel_fit`."""
+    import yaml
+
+    path = PRESETS / f"{name}.yaml"
+    if not path.exists():
+        raise ClusterError(f"unknown cluster preset {name!r}: no {path}")
+    spec = dict(yaml.safe_load(path.read_text()) or {})
+    device_name = next((d["device"] for d in spec.pop("defaults", []) if isinstance(d, dict) and "device" in d), None)
+    if device_name is None:
+        raise ClusterError(f"cluster preset {name!r} names no device (defaults: - device: ...)")
+    device = yaml.safe_load((PRESETS / "device" / f"{device_name}.yaml").read_text())
+    spec.pop("_target_", None)
+    spec.update(overrides)
+    return build_cluster(device=device, **spec)

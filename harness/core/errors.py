@@ -1,0 +1,19 @@
+"""The one error base class the command line treats as a user's mistake.
+
+A :class:`UserError` is raised for something the user asked for that cannot be done - a
+config value out of range, a malformed input file, a model that cannot be traced, a
+strategy that does not fit its graph - and its message names the culprit and says what to
+do.  ``python -m harness`` prints such an error on one line and exits with status 1 (the
+traceback only with ``HYDRA_FULL_ERROR=1`` or ``debug=true``); any other exception is a bug
+in the harness and shows its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the input; the message is the whole story (see the module docstring)."""
+
+
+class ProfileError(UserError, RuntimeError):
+    """An operator profile could not be taken or read; the message says which model, device or file."""
