@@ -247,6 +247,25 @@ class _Builder:
         return len(self.names) - 1
 
 
+def _split_node_times(graph: OpGraph, b: _Builder, rewritten: set[int]) -> dict[str, list[float | None]] | None:
+    """The measured times of the rewritten graph (``OpGraph.node_time_s``): a node the split
+    leaves alone keeps its time, a half of a split op takes its share (of the op's FLOPs) of
+    it, and what the split adds or re-derives (gather / aggregate nodes, the halves of a view
+    that follows split halves) has none: its cost is the model's estimate."""
+    if graph.node_time_s is None:
+        return None
+    out: dict[str, list[float | None]] = {}
+    for kind, times in graph.node_time_s.items():
+        t = np.asarray(times, dtype=np.float64)
+        col: list[float | None] = []
+        for i, (v, half) in enumerate(zip(b.origin, b.split)):
+            share = 1.0 if half is None else (b.flops[i] / float(graph.flops[v]) if graph.flops[v] > 0 else 0.5)
+            measured = (half is not None or v not in rewritten) and not np.isnan(t[v])
+            col.append(float(t[v]) * share if measured else None)
+        out[kind] = col
+    return out
+
+
 def split_graph(graph: OpGraph, decisions: Mapping[int, str]) -> SplitResult:
     """Split every node in ``decisions`` (node -> ``"batch"`` | ``"channel"``) in two.
 
@@ -400,6 +419,7 @@ def split_graph(graph: OpGraph, decisions: Mapping[int, str]) -> SplitResult:
     }
     meta["split"] = {k: v for k, v in info.items() if k != "split_names"}
     new = OpGraph.from_unordered(
+        node_time_s=_split_node_times(graph, b, set(kind)),
         names=b.names, targets=b.targets, phase=b.phase, layer=b.layer, layer_names=list(graph.layer_names), flops=b.flops,
         out_bytes=b.out_b, work_bytes=b.work_b, free=b.free, batch_role=b.role, coloc=b.coloc, src=src, dst=dst, nbytes=nbytes,
         param_names=list(graph.param_names), param_bytes=graph.param_bytes.copy(),

@@ -33,10 +33,19 @@ def zoo_models() -> list[str]:
 VARIANTS: dict[str, list[str]] = {"data_parallel@layer": ["algo=data_parallel", "algo.graph=layer"]}
 
 
+def needs_input(name: str) -> list[str]:
+    """The keys of ``conf/algo/<name>.yaml`` that are mandatory (``???``): an algorithm with one
+    needs an input the user gives (``algo=from_file algo.path=...``), so runs over every
+    registered algorithm (:func:`algorithms`, the CLI and contract tests) leave it out."""
+    d = yaml.safe_load((CONF / "algo" / f"{name}.yaml").read_text()) or {}
+    return sorted(k for k, v in d.items() if v == "???")
+
+
 def algorithms() -> list[str]:
     """Every registered algorithm (a file of conf/algo: its module and YAML are all an
-    algorithm needs to be here), then the :data:`VARIANTS`."""
-    return sorted(p.stem for p in (CONF / "algo").glob("*.yaml")) + sorted(VARIANTS)
+    algorithm needs to be here) but those that need an input (:func:`needs_input`), then the
+    :data:`VARIANTS`."""
+    return sorted(p.stem for p in (CONF / "algo").glob("*.yaml") if not needs_input(p.stem)) + sorted(VARIANTS)
 
 
 def algo_overrides(name: str) -> list[str]:

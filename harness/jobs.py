@@ -61,7 +61,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.core.errors import UserError
-from harness.run import config_hash, format_summary, run, write_json_atomic, write_outputs
+from harness.run import config_hash, format_summary, run, write_json_atomic, write_outputs, write_plan
 
 log = logging.getLogger("harness")
 
@@ -228,7 +228,7 @@ class Job:
             os.chdir(self.cwd)
             if self.log_config is not None:
                 configure_log(self.log_config, self.verbose)
-            result = run(cfg, on_plan=lambda plan: plan.strategy.save(outdir / "strategy.json"),
+            result = run(cfg, on_plan=lambda plan, graph: write_plan(plan, graph, outdir),
                          reference_cache=self.reference_cache)
             write_outputs(result, outdir, cfg)
         except BaseException as e:  # noqa: BLE001 - sys.exit and Ctrl-C too: the job ends here, the runner goes on

@@ -21,7 +21,7 @@ import numpy as np
 
 from harness.core.cluster import Cluster
 from harness.core.errors import UserError
-from harness.core.strategy import Plan
+from harness.core.strategy import PLAN_GRAPH_FILE, Plan, graph_identity
 
 #: figures an algorithm may report in ``Plan.info`` that result.json carries at top level
 LIFTED_INFO_KEYS = ("objective_s", "search_complete", "search_budget_s", "samples")
@@ -42,6 +42,8 @@ class Result:
     sim: Any
     cluster: Cluster
     extras: dict[str, Any] = field(default_factory=dict)
+    #: the graph the algorithm was given (the captured one); ``plan.graph`` may be a rewrite of it
+    graph: Any = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,9 +153,9 @@ def config_hash(cfg: Any) -> str:
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None, reference_cache: Path | None = None) -> Result:
-    """Run one job.  ``on_plan`` (optional) receives the plan as soon as it exists, so a
-    caller can save it even if the simulation then fails.  Unless ``output.worth`` is false
+def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_cache: Path | None = None) -> Result:
+    """Run one job.  ``on_plan`` (optional) receives the plan and the captured graph as soon as
+    the plan exists, so a caller can save it even if the simulation then fails.  Unless ``output.worth`` is false
     the row also says what the plan is worth (:mod:`harness.worth`); ``reference_cache`` is a
     directory the jobs of one sweep share for its reference steps."""
     source, cluster, costs, algo, sim = build(cfg)
@@ -172,7 +174,7 @@ def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None, reference_cache
     plan = algo.plan(graph, cluster, costs)
     search_s = time.perf_counter() - t0
     if on_plan is not None:
-        on_plan(plan)
+        on_plan(plan, graph)
     t0 = time.perf_counter()
     res = sim(plan.graph, plan.strategy, cluster, costs)
     sim_s = time.perf_counter() - t0
@@ -202,7 +204,7 @@ def run(cfg: Any, on_plan: Callable[[Plan], None] | None = None, reference_cache
         "versions": versions(),
         "git_sha": git_sha(),
     }
-    return Result(row=row, plan=plan, sim=res, cluster=cluster)
+    return Result(row=row, plan=plan, sim=res, cluster=cluster, graph=graph)
 
 
 def _worth(cfg: Any, graph: Any, cluster: Cluster, costs: Any, kind: str, step_s: float, info: dict[str, Any],
@@ -287,22 +289,40 @@ def worth_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, indent: int | None = 1) -> None:
     """``path`` holds either what it held before or all of ``obj`` as JSON, never a part: the
     JSON goes into a temporary file beside it, which is then renamed over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(obj, indent=1))
+        tmp.write_text(json.dumps(obj, indent=indent))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def write_plan(plan: Plan, graph: Any, outdir: Path) -> None:
+    """strategy.json with what replaying it (``algo=from_file``) needs: the strategy's keys plus
+    ``graph`` (:func:`graph_identity` of the captured graph) and, when the plan's graph is not the
+    captured one (FD-DPS's split graph), ``plan_graph`` (:data:`PLAN_GRAPH_FILE`, written beside it
+    first) and ``plan_origin``.  docs/strategy_format.md describes the file."""
+    d = plan.strategy.to_dict()
+    if graph is not None:
+        d["graph"] = graph_identity(graph)
+        if plan.graph is not graph:
+            write_json_atomic(outdir / PLAN_GRAPH_FILE, plan.graph.to_dict(), indent=None)
+            d["plan_graph"] = PLAN_GRAPH_FILE
+            d["plan_origin"] = None if plan.origin is None else np.asarray(plan.origin).tolist()
+    write_json_atomic(outdir / "strategy.json", d, indent=None)
+
+
 def write_outputs(result: Result, outdir: Path, cfg: Any) -> None:
-    """trace.json, gantt.png (and a real run's measured trace) into ``outdir``, then result.json,
-    last and atomically: a result.json exists only for a job whose outputs were all written, and
-    one that fails here leaves none (strategy.json is written by the shell's on_plan)."""
+    """strategy.json (again, now with the graphs it is for: :func:`write_plan`), trace.json,
+    gantt.png (and a real run's measured trace) into ``outdir``, then result.json, last and
+    atomically: a result.json exists only for a job whose outputs were all written, and one that
+    fails here leaves none (the job runner writes a first strategy.json, with its graphs, before simulating)."""
     outdir.mkdir(parents=True, exist_ok=True)
+    if getattr(result, "plan", None) is not None:  # a result without a plan (a stand-in) writes no strategy
+        write_plan(result.plan, getattr(result, "graph", None), outdir)
     out = cfg.get("output", {})
     r = result.row
     if out.get("trace", True):

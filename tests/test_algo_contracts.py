@@ -73,6 +73,24 @@ def test_the_job_refuses_a_misspelt_parameter():
         build(compose(["algo=fddps", "model=lenet5", "+algo.slott=idle"]))
 
 
+def test_an_algorithm_that_needs_an_input_is_left_out_of_every_algorithm_sweep():
+    """The rule: a yaml with a mandatory ``???`` value needs an input (from_file's ``path``), so
+    the leaderboard / scaling list (and the CLI test's sweep) leave it out; its constructor only
+    keeps the value (the contracts above build it with ``???``), and planning without it is a
+    one-line UserError."""
+    from experiments.common import algorithms, needs_input
+    from harness.core.errors import UserError
+    from tests.helpers import make_cluster, make_graph
+
+    needing = {p.stem for p in YAMLS if needs_input(p.stem)}
+    assert needing == {"from_file"} and needs_input("from_file") == ["path"]
+    assert not needing & set(algorithms())
+    assert {p.stem for p in YAMLS} - needing <= set(algorithms())
+    cls, cfg = load(ROOT / "conf" / "algo" / "from_file.yaml")
+    with pytest.raises(UserError, match=r"^algo=from_file needs the strategy to replay: add algo.path="):
+        cls(**cfg).plan(make_graph(2, [(0, 1)]), make_cluster(2), None)
+
+
 def test_no_init_in_algorithms_takes_kwargs():
     """No constructor under algorithms/ swallows unknown keys (``**kw`` / ``**params``)."""
     bad = []

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from harness.core.cluster import Cluster, DeviceSpec
-from harness.core.costs import AnalyticalCostModel, node_memory, refuse_unknown
+from harness.core.costs import AnalyticalCostModel, node_memory, refuse_unknown, with_measured
 from harness.core.errors import UserError
 from harness.core.graph import OpGraph
 from harness.core.kernel_model import CLASSES, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, conv_flags, load_table
@@ -162,8 +162,9 @@ class CalibratedCostModel:
             return self.analytical.node_times(graph, device, fraction)
         per_graph = self._times.setdefault(graph, {})
         key = (spec.kind, float(fraction))
-        if key not in per_graph:
-            per_graph[key] = self._kernel_node_times(graph.num_nodes, kernels, spec, fraction)
+        if key not in per_graph:  # a node the graph has a measured time for takes it (with_measured)
+            per_graph[key] = with_measured(graph, spec.kind, fraction,
+                                           self._kernel_node_times(graph.num_nodes, kernels, spec, fraction))
         return per_graph[key]
 
     def _kernel_node_times(self, n: int, kt: KernelTable, spec: DeviceSpec, fraction: float) -> np.ndarray:

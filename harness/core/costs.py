@@ -20,6 +20,14 @@ The figures are checked when a model is built (:func:`check_roofline`): efficien
 (0, 1] by op class (``conv``, ``gemm``, ``other``), ``mem_efficiency`` in (0, 1],
 ``launch_us`` >= 0, ``sync`` ring or ps; a bad one is a :class:`CostModelError` naming its key
 (``costs.efficiency.gemm must be in (0, 1], got 1.5``).
+
+Measured times: a graph's ``node_time_s`` (a graph file's measured seconds per node and device
+kind, :mod:`harness.core.graph`) replaces every model's estimate of a measured node on a device
+of that kind, in the one place models answer per-node times (:func:`with_measured`, called by
+each model's ``node_times``).  A shard that does ``fraction`` of a node's work (the simulator's
+data-parallel shard of a batch-scaled node, ``OpGraph.batch_scaled``) takes ``fraction`` of the
+measured time: the measurement is the whole node's, split linearly with the batch; a node that
+is not batch-scaled runs whole (``fraction`` 1) and takes all of it.
 """
 
 from __future__ import annotations
@@ -126,6 +134,17 @@ def op_class(target: str) -> str:
     return "other"
 
 
+def with_measured(graph: Any, kind: str, fraction: float, times: np.ndarray) -> np.ndarray:
+    """``times`` (a model's estimates for every node of ``graph`` on a device of ``kind`` doing
+    ``fraction`` of its work) with each node the graph has a measured time for on that kind (or
+    on ``"*"``) replaced by ``fraction`` x that time.  The same array when nothing applies, so a
+    graph without measurements costs exactly what it did."""
+    measured = graph.measured_times(kind) if isinstance(graph, OpGraph) else None
+    if measured is None:
+        return times
+    return np.where(np.isnan(measured), times, measured * fraction)
+
+
 @runtime_checkable
 class CostModel(Protocol):
     """What algorithms and the simulator may ask about time and memory."""
@@ -197,9 +216,12 @@ class AnalyticalCostModel:
 
     def node_times(self, graph: OpGraph, device: int, fraction: float = 1.0) -> np.ndarray:
         scaled, fixed = self._roofline_parts(graph, device)
-        return scaled * fraction + fixed
+        return with_measured(graph, self.cluster.devices[device].spec.kind, fraction, scaled * fraction + fixed)
 
     def compute_time(self, graph: OpGraph, node: int, device: int, fraction: float = 1.0) -> float:
+        measured = graph.measured_times(self.cluster.devices[device].spec.kind) if isinstance(graph, OpGraph) else None
+        if measured is not None and not np.isnan(measured[node]):
+            return float(measured[node] * fraction)
         scaled, fixed = self._roofline_parts(graph, device)
         return float(scaled[node] * fraction + fixed[node])
 

@@ -17,6 +17,14 @@ or missing field, FLOPs, bytes or memory that are negative or not finite (by nod
 parameter), an index outside its range (by array and position: ``src[4] = 17``), and a cycle
 (by the nodes on it; ids that are merely not topological are renumbered, as
 :meth:`OpGraph.from_unordered` does).
+
+Measured times (format ``harness.opgraph/2``, docs/graph_format.md): the optional
+``node_time_s`` maps a device kind (a cluster device's ``kind``, e.g. ``V100-SXM2-32GB``) or
+``"*"`` (any device) to one entry per node, the node's measured seconds or null (not measured).
+Every cost model answers a measured node with its time (:func:`harness.core.costs.with_measured`):
+the kind's entry wins over ``"*"``, a null falls through to ``"*"`` and then to the model's
+estimate.  A bad entry is a GraphError naming the key and the node.  Files of
+``harness.opgraph/1`` (no ``node_time_s``) load unchanged.
 """
 
 from __future__ import annotations
@@ -47,7 +55,11 @@ FORWARD, BACKWARD, UPDATE = 0, 1, 2
 BATCH_ROLES: tuple[str, ...] = ("batched", "partial", "replicated")
 BATCHED, PARTIAL, REPLICATED = 0, 1, 2
 
-GRAPH_FORMAT = "harness.opgraph/1"
+GRAPH_FORMAT = "harness.opgraph/2"
+#: the formats :meth:`OpGraph.load` reads: /1 (no ``node_time_s``) and /2
+GRAPH_FORMATS: tuple[str, ...] = ("harness.opgraph/1", GRAPH_FORMAT)
+#: the ``node_time_s`` key of a time measured on (or valid for) any device kind
+ANY_DEVICE = "*"
 
 
 class GraphError(UserError, ValueError):
@@ -204,6 +216,9 @@ class OpGraph(EdgeListGraph):
     #: the GPU kernels each node launches (:mod:`harness.core.kernels`); None for graphs that do not
     #: know them (synthetic graphs, files saved before kernels were recorded)
     kernels: KernelTable | None = None
+    #: measured seconds per node by device kind (or ``"*"``): float arrays, NaN where a node has
+    #: none; None for a graph without measurements (see the module docstring)
+    node_time_s: dict[str, np.ndarray] | None = None
     #: the traced torch.fx GraphModule and node-name map, when captured in this process
     #: (not serialised; the real-run backend and the profiler need it).
     fx: Any = None
@@ -251,6 +266,9 @@ class OpGraph(EdgeListGraph):
             self.kernels = KernelTable.from_dict(self.kernels)
         if self.kernels is not None:
             self.kernels.check(n)
+        if self.node_time_s is not None:
+            self.node_time_s = _measured_arrays(self.node_time_s, self.names)
+        self._measured: dict[str, np.ndarray | None] = {}
         self._succ: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._pred: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
@@ -296,6 +314,23 @@ class OpGraph(EdgeListGraph):
             reads_batched[self.dst[self.batch_role[self.src] == BATCHED]] = True
             scaled = scaled | (partial & reads_batched)
         return scaled
+
+    def measured_times(self, kind: str) -> np.ndarray | None:
+        """Per node, its measured seconds on a device of ``kind`` (the kind's entry of
+        ``node_time_s``, else the ``"*"`` entry; NaN where neither has one), or None when no
+        entry applies to this kind.  Cached per kind."""
+        if self.node_time_s is None:
+            return None
+        cache = self.__dict__.setdefault("_measured", {})
+        if kind not in cache:
+            own, anyk = self.node_time_s.get(kind), self.node_time_s.get(ANY_DEVICE)
+            if own is None and anyk is None:
+                cache[kind] = None
+            elif own is None or anyk is None:
+                cache[kind] = own if own is not None else anyk
+            else:
+                cache[kind] = np.where(np.isnan(own), anyk, own)
+        return cache[kind]
 
     def param_first_reader(self) -> np.ndarray:
         """The node that owns each parameter: its first reader in node order (-1 where no node
@@ -364,6 +399,9 @@ class OpGraph(EdgeListGraph):
         if fields.get("kernels") is not None:
             kt = fields["kernels"]
             out["kernels"] = (KernelTable.from_dict(kt) if isinstance(kt, dict) else kt).remap(new_id)
+        if fields.get("node_time_s") is not None:
+            out["node_time_s"] = {k: np.asarray(_measured_arrays({k: v}, names)[k])[order]
+                                  for k, v in fields["node_time_s"].items()}
         meta = dict(fields.get("meta") or {})
         meta["renumbered_from"] = order.tolist()
         out["meta"] = meta
@@ -425,6 +463,8 @@ class OpGraph(EdgeListGraph):
             "out_dtypes": self.out_dtypes,
             "meta": self.meta,
             **({"kernels": self.kernels.to_dict()} if self.kernels is not None else {}),
+            **({"node_time_s": {k: [None if np.isnan(x) else x for x in v.tolist()] for k, v in self.node_time_s.items()}}
+               if self.node_time_s is not None else {}),
         }
 
     @classmethod
@@ -432,9 +472,11 @@ class OpGraph(EdgeListGraph):
         """The graph of a :meth:`to_dict` mapping, checked (see the module docstring); node ids
         that are not a topological order are renumbered (:meth:`from_unordered`)."""
         fmt = d.get("format")
-        if fmt != GRAPH_FORMAT:
-            raise GraphError(f"not an op graph file: format is {fmt!r}, expected {GRAPH_FORMAT!r}")
+        if fmt not in GRAPH_FORMATS:
+            raise GraphError(f"not an op graph file: format is {fmt!r}, expected {GRAPH_FORMAT!r} (or {GRAPH_FORMATS[0]!r})")
         kw = {k: v for k, v in d.items() if k != "format"}
+        if "node_time_s" in kw and fmt != GRAPH_FORMAT:
+            raise GraphError(f"field 'node_time_s' needs format {GRAPH_FORMAT!r}; this file says {fmt!r}")
         _check_fields(kw)
         _check_edges(kw)
         _check_nodes(kw)
@@ -590,6 +632,41 @@ def _check_params(d: dict[str, Any]) -> None:
     for field in ("grad_node", "update_node"):
         if field in d:
             _check_indices(d, field, n_par, -1, n - 1, "node ids, -1 for none")
+
+
+def _measured_arrays(given: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """``node_time_s`` checked and converted: a mapping from a device kind (or ``"*"``) to one
+    entry per node, each null (None, NaN: not measured) or finite seconds >= 0.  A mistake is a
+    one-line GraphError naming the key and, for a bad time, the node."""
+    n = len(names)
+    if not isinstance(given, dict):
+        raise GraphError("field 'node_time_s' must be a JSON object mapping a device kind (or '*') to a list of "
+                         f"per-node seconds, got {type(given).__name__}")
+    out: dict[str, np.ndarray] = {}
+    for kind, times in given.items():
+        key = f"node_time_s[{kind!r}]"
+        if not isinstance(kind, str) or not kind:
+            raise GraphError(f"{key}: a key of node_time_s must be a device kind (a cluster device's kind) or '*'")
+        if isinstance(times, np.ndarray):
+            times = times.tolist()
+        if not isinstance(times, (list, tuple)):
+            raise GraphError(f"{key} must be a list of {n} per-node seconds (null: not measured), got {type(times).__name__}")
+        if len(times) != n:
+            raise GraphError(f"{key} has {len(times)} entries, expected {n} (one per node)")
+        arr = np.full(n, np.nan)
+        for i, t in enumerate(times):
+            if t is None:
+                continue
+            ok = isinstance(t, (int, float, np.integer, np.floating)) and not isinstance(t, bool)
+            if not ok or not np.isfinite(t) or t < 0:
+                if ok and np.isnan(t) and isinstance(given.get(kind), np.ndarray):
+                    continue  # an in-memory array marks "not measured" with NaN
+                shown = _show(float(t)) if ok else repr(t)
+                raise GraphError(f"node {i} ({names[i]}) has {key} = {shown}; a measured time must be a finite number "
+                                 ">= 0 (seconds) or null")
+            arr[i] = float(t)
+        out[kind] = arr
+    return out
 
 
 def edges_from_pairs(pairs: Iterable[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from harness.core.cluster import Cluster
-from harness.core.costs import AnalyticalCostModel, CostModelError, check_roofline, refuse_unknown
+from harness.core.costs import AnalyticalCostModel, CostModelError, check_roofline, refuse_unknown, with_measured
 from harness.core.execgraph import graph_fingerprint, node_keys
 from harness.core.graph import OpGraph
 
@@ -270,6 +270,7 @@ class ProfiledCostModel:
             out[fb] = self.analytical.node_times(graph, device, fraction)[fb]
         if self.free_ops == "zero":
             out[graph.free] = 0.0
+        out = with_measured(graph, kind, frac, out)  # the graph's own measured times win over the profile
         p.cache[frac] = out
         return out
 

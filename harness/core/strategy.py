@@ -32,9 +32,27 @@ from harness.core.graph import read_json_object
 
 STRATEGY_FORMAT = "harness.strategy/1"
 
+#: the file a job writes beside strategy.json when its plan's graph is not the captured graph
+#: (FD-DPS's split graph, FastT's): strategy.json names it under ``plan_graph`` (docs/strategy_format.md)
+PLAN_GRAPH_FILE = "plan_graph.json"
+
 
 class StrategyError(UserError, ValueError):
     """A strategy does not fit its graph or cluster; the message names the culprit."""
+
+
+def graph_identity(graph: Any) -> dict[str, Any]:
+    """What strategy.json records of the graph a strategy was planned for (its ``graph`` key):
+    the kind (``op`` or ``layer``), node and edge counts, the model and, for an operator graph,
+    :func:`harness.core.execgraph.graph_fingerprint` (batch-independent: structure and sizes)."""
+    kind = "layer" if type(graph).__name__ == "LayerGraph" else "op"
+    out: dict[str, Any] = {"kind": kind, "nodes": int(graph.num_nodes), "edges": int(graph.num_edges),
+                           "model": (getattr(graph, "meta", None) or {}).get("model")}
+    if kind == "op":
+        from harness.core.execgraph import graph_fingerprint  # imports torch: only when a job saves a plan
+
+        out["fingerprint"] = graph_fingerprint(graph)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,19 +230,37 @@ class Strategy:
         and a value that is not an integer are a :class:`StrategyError` naming it."""
         if d.get("format") != STRATEGY_FORMAT:
             raise StrategyError(f"not a strategy: format is {d.get('format')!r}, expected {STRATEGY_FORMAT!r}")
-        missing = [k for k in ("device", "order", "config_id", "configs") if k not in d]
-        if missing:
-            raise StrategyError(f"strategy field {missing[0]!r} is missing (a strategy has device, order, config_id, configs)")
+        if "device" not in d:
+            raise StrategyError("strategy field 'device' is missing (a strategy has device, and optionally order, config_id, configs)")
+        n = len(d["device"]) if isinstance(d["device"], Sequence) and not isinstance(d["device"], str) else 0
+        if not isinstance(d.get("configs", []), list):
+            raise StrategyError(f"strategy.configs must be a list of parallel configs, got {d['configs']!r:.80}")
+        if not isinstance(d.get("meta", {}), Mapping):
+            raise StrategyError(f"strategy.meta must be an object, got {d['meta']!r:.80}")
         configs = []
-        for i, c in enumerate(d["configs"]):
+        for i, c in enumerate(d.get("configs", [])):
             try:
                 configs.append(ParallelConfig.from_dict(c))
             except StrategyError as e:
                 raise StrategyError(f"strategy configs[{i}]: {e}") from None
-        return cls(np.asarray(d["device"]), np.asarray(d["order"]), np.asarray(d["config_id"]), configs, dict(d.get("meta", {})))
+        order = d["order"] if "order" in d else np.arange(n)  # hand-written: node order (ids are a topological order)
+        config_id = d["config_id"] if "config_id" in d else None
+        return cls(np.asarray(d["device"]), np.asarray(order), None if config_id is None else np.asarray(config_id), configs,
+                   dict(d.get("meta", {})))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def read(cls, path: str | Path) -> tuple["Strategy", dict[str, Any]]:
+        """The strategy saved at ``path`` and the whole JSON object (a job's strategy.json also
+        carries ``graph``, ``plan_graph`` and ``plan_origin``: docs/strategy_format.md); a bad
+        file is a :class:`StrategyError` naming it."""
+        d = read_json_object(path, "strategy file", StrategyError)
+        try:
+            return cls.from_dict(d), d
+        except StrategyError as e:
+            raise StrategyError(f"strategy file {path}: {e}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> "Strategy":
