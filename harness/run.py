@@ -316,13 +316,11 @@ def write_plan(plan: Plan, graph: Any, outdir: Path) -> None:
 
 
 def write_outputs(result: Result, outdir: Path, cfg: Any) -> None:
-    """strategy.json (again, now with the graphs it is for: :func:`write_plan`), trace.json,
-    gantt.png (and a real run's measured trace) into ``outdir``, then result.json, last and
-    atomically: a result.json exists only for a job whose outputs were all written, and one that
-    fails here leaves none (the job runner writes a first strategy.json, with its graphs, before simulating)."""
+    """trace.json, gantt.png (and a real run's measured trace) into ``outdir``, then result.json,
+    last and atomically: a result.json exists only for a job whose outputs were all written, and
+    one that fails here leaves none.  strategy.json (and a rewritten plan graph) is the job
+    runner's, written by :func:`write_plan` as soon as the plan exists, before simulating."""
     outdir.mkdir(parents=True, exist_ok=True)
-    if getattr(result, "plan", None) is not None:  # a result without a plan (a stand-in) writes no strategy
-        write_plan(result.plan, getattr(result, "graph", None), outdir)
     out = cfg.get("output", {})
     r = result.row
     if out.get("trace", True):
