@@ -142,7 +142,11 @@ def describe(e: BaseException) -> tuple[str, bool]:
     by its culprit's message, a bug by its type and message."""
     culprit = user_error(e)
     if culprit is not None:
-        return one_line(culprit) or type(culprit).__name__, True
+        msg = one_line(culprit) or type(culprit).__name__
+        key = getattr(culprit, "full_key", None)
+        if type(culprit).__name__ == "MissingMandatoryValue" and key:  # a ??? the user must fill
+            msg += f"; give it on the command line: {key}=VALUE"
+        return msg, True
     msg = one_line(e)
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__, False
 

@@ -170,3 +170,13 @@ def test_replay_through_the_command_line(tmp_path):
     assert b["algo"] == "from_file" and b["step_time_s"] == a["step_time_s"] and b["plan_nodes"] == a["plan_nodes"]
     none = cli("algo=from_file", *quiet, f"hydra.run.dir={tmp_path / 'none'}")
     assert none.returncode == 1 and "algo.path" in none.stderr and len(none.stderr.strip().splitlines()) == 1, none.stderr
+
+
+def test_a_replay_without_a_path_says_which_key_to_give(tmp_path):
+    """algo=from_file alone: one line naming algo.path and how to give it, exit 1, no result.json."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "harness", "algo=from_file", "model=lenet5", f"hydra.run.dir={tmp_path}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert r.stderr.strip() == "error: Missing mandatory value: algo.path; give it on the command line: algo.path=VALUE"
+    assert not (tmp_path / "result.json").exists()
