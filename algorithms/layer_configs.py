@@ -103,7 +103,19 @@ def enumerate_configs(lg: LayerGraph, v: int, num_devices: int, opts: SpaceOptio
             rec(k + 1, prod * e, acc + (e,))
 
     rec(0, 1, ())
+    if opts.space == "pase" and lg.attrs[v].get("contiguous"):
+        out = [c for c in out if _contiguous(lg.dims[v], dict(zip(dims, c)))]
     deg = np.asarray(out, dtype=np.int64).reshape(len(out), len(dims))
     if len(deg) == 0:  # pragma: no cover - the all-ones config always fits
         raise ConfigSpaceError(f"layer {lg.names[v]} ({lg.kinds[v]}) has no valid configuration for {N} devices")
     return dims, deg
+
+
+def _contiguous(sizes: dict[str, int], degree: dict[str, int]) -> bool:
+    """PaSE's Ravel / Unravel configs (``ConfigureReshape``): in dim order, whole splits of the
+    leading dims, then at most one partial split, then none."""
+    it = iter(sizes.items())
+    for name, size in it:
+        if degree.get(name, 1) != size:
+            break
+    return all(degree.get(name, 1) == 1 for name, _ in it)

@@ -27,6 +27,16 @@ class PaseLayerCosts:
         self.lg = lg
         self.cluster = cluster
         self.costs = costs
+        #: edges PaSE's graph drops: of several edges between one pair of layers, only the last
+        #: input port's is kept (its public code stores edges in a networkx DiGraph)
+        self.shadowed = np.zeros(lg.num_edges, dtype=bool)
+        if costs.parallel_edges == "last":
+            last: dict[tuple[int, int], int] = {}
+            for e in np.lexsort((lg.dst_port, lg.dst, lg.src)).tolist():
+                key = (int(lg.src[e]), int(lg.dst[e]))
+                if key in last:
+                    self.shadowed[last[key]] = True
+                last[key] = e
 
     @classmethod
     def default_options(cls, lg: LayerGraph, costs: PaseCostModel, space: str | None, product: str | None,
@@ -54,10 +64,11 @@ class PaseLayerCosts:
 
     def edge_costs(self, e: int, gu: ShardGrid, gv: ShardGrid) -> tuple[np.ndarray, np.ndarray]:
         """t_E of edge e for every config pair and its words x 8 (bytes), ``[Cu, Cv]`` each.
-        An edge from an input costs nothing (PaSE's graphs have no such edge)."""
+        An edge from an input costs nothing (PaSE's graphs have no such edge), nor does one
+        PaSE's graph drops (``costs.parallel_edges``)."""
         lg = self.lg
         Cu, Cv = gu.num_configs, gv.num_configs
-        if lg.kinds[int(lg.src[e])] == "input":
+        if lg.kinds[int(lg.src[e])] == "input" or self.shadowed[e]:
             return np.zeros((Cu, Cv)), np.zeros((Cu, Cv))
         fl = self.costs.edge_flops(lg, e, gu.dims, gu.degrees, gv.dims, gv.degrees)
         return fl / self.costs.peak_flops, fl / self.costs.r * 8.0

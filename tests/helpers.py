@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from torch import nn
@@ -10,6 +12,7 @@ from harness.core.capture import TensorSpec
 from harness.core.cluster import Cluster, build_cluster
 from harness.core.graph import BATCHED, FORWARD, OpGraph
 
+REPO = Path(__file__).resolve().parents[1]
 DEVICE = {"kind": "TestGPU", "peak_tflops": 10.0, "mem_bw_GBps": 500.0, "mem_GiB": 16}
 
 
@@ -51,3 +54,14 @@ class Tiny(nn.Module):
 
 IMG = [TensorSpec((3, 8, 8))]
 LABEL = TensorSpec((), "int64", 10)
+
+
+def run_harness(*args: str, cwd: Path | None = None, timeout: float = 600) -> "subprocess.CompletedProcess[str]":
+    """``python -m harness ARGS`` in a subprocess (one-line errors: HYDRA_FULL_ERROR=0), from ``cwd`` (default the repo)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd or REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)

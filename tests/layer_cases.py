@@ -1,6 +1,7 @@
 """Small hand-built layer graphs for the OptCNN / PaSE / layer-simulator tests: random DAGs of
 1D convolutions (halos), 1x1 convolutions and elementwise joins over (sample, channel,
-length) tensors, chains, and series-parallel graphs, plus hypothesis strategies for them."""
+length) tensors, chains, and series-parallel graphs, plus hypothesis strategies for them; the
+builder example of docs/layer_graphs.md (:func:`tiny_lm`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import networkx as nx
 import numpy as np
 from hypothesis import strategies as st
 
+from harness.core.layer_builder import LayerGraphBuilder, Weight
 from harness.core.layergraph import LayerGraph
 
 AXES = ("sample", "channel", "length")
@@ -131,3 +133,17 @@ def small_dags(draw: st.DrawFn, max_nodes: int = 5) -> LayerGraph:
     C = draw(st.sampled_from([4, 8, 12]))
     L = draw(st.sampled_from([6, 8, 16]))
     return random_dag(seed, n, extra, B, C, L)
+
+
+def tiny_lm(batch_size: int = 32) -> LayerGraph:
+    """docs/layer_graphs.md's example, line for line."""
+    b = LayerGraphBuilder("tiny_lm", batch_size)
+    ids = b.input("tokens", (batch_size, 64), dtype="int64", axes=("sample", "length"))
+    x = b.embedding(ids, vocab=1000, units=128)
+    h = b.einsum("ble,ef->blf", x, Weight((128, 512)), pw=1)
+    h = b.einsum("blf,fe->ble", h, Weight((512, 128)))
+    x = b.layernorm(b.elementwise(x, h))
+    logits = b.linear(x, 1000)
+    b.softmax_cross_entropy(logits)
+    return b.build()
+

@@ -86,7 +86,8 @@ def takes_anything(**kwargs: Any) -> nn.Module:
 # ---------------------------------------------------------------------------- 1. model keys and batch size
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_config_builds_with_its_declared_keys(model: str) -> None:
-    extra = ["model.module._target_=tests.test_capture.Tiny"] if model == "custom" else []
+    extra = {"custom": ["model.module._target_=tests.test_capture.Tiny"],
+             "built": ["model.fn=harness.core.zoo.pase_graphs.alexnet"]}.get(model, [])
     source = built(f"model={model}", *extra)[0]
     assert source.batch_size >= 1
 
@@ -505,7 +506,7 @@ def test_a_layer_graph_algorithm_on_a_graph_file_is_one_line(tmp_path):
 
     p = tmp_path / "g.json"
     SyntheticGraph(nodes=20, seed=1).op_graph().save(p)
-    with pytest.raises(UserError, match=r"algo=optcnn plans on a layer graph, and model 'g' \(GraphFile\) gives only an operator graph"):
+    with pytest.raises(UserError, match=r"graph file .*g\.json holds an operator graph; this algorithm plans on a layer graph"):
         run(compose(["model=from_file", f"model.path={p}", "algo=optcnn", "cluster=p100x4"]))
 
 

@@ -253,7 +253,7 @@ def test_lstm_unrolled_one_node_per_cell_op_per_step() -> None:
     assert len(g.predecessors(g.index("hh.0"))) == 0 and g.param_bytes[g.index("hh.0")] == 64 * 16 * 4
     assert len(g.predecessors(g.index("hh.0@1"))) == 1
     emb = g.index("embed")
-    assert g.dims[emb] == {"sample": 4 * steps, "channel": 16}
+    assert g.dims[emb] == {"sample": 4 * steps, "channel": 16, "vocab": 50}  # the vocabulary: PaSE may split it
     assert g.out_dims[emb] == ("sample", "", "channel")
     assert g.meta["inputs"][0]["dtype"] == "int64"
     # x[:, t] reads one time step of the embedding output

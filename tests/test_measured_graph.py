@@ -64,6 +64,14 @@ def test_every_cost_model_answers_a_measured_node_with_its_time(model, tmp_path)
     assert costs.compute_time(g, 1, 1) == TIMES[1]
 
 
+def test_the_profiled_report_counts_the_graphs_measured_nodes_apart_from_its_fallbacks(tmp_path):
+    cl = make_cluster(2)
+    costs = ProfiledCostModel(cl, profile_dir=tmp_path)  # an empty profile: every unmeasured node falls back
+    costs.node_times(measured(diamond(), {"*": TIMES[:3] + [None] * 5}), 0)
+    kind = costs.report()["by_kind"][KIND]
+    assert (kind["measured_in_graph"], kind["fallback_nodes"]) == (3, 5)
+
+
 def test_the_kind_entry_wins_over_star_and_a_null_falls_through_to_star():
     cl = make_cluster(2)
     g = measured(diamond(), {"*": TIMES, KIND: [1.0, None] + [None] * 6})

@@ -69,7 +69,11 @@ def output_dim_names(lg: LayerGraph, v: int) -> frozenset[str]:
 
 
 def param_dim_names(lg: LayerGraph, v: int) -> frozenset[str]:
-    """Dims of v that index its weights: every dim but the batch and spatial ones."""
+    """Dims of v that index its weights: ``attrs["param_dims"]`` where the builder names them (an
+    einsum with a weight), else every dim but the batch and spatial ones."""
+    named = lg.attrs[v].get("param_dims")
+    if named is not None:
+        return frozenset(named)
     return frozenset(d for d in lg.dims[v] if d not in NON_PARAM_DIMS)
 
 

@@ -58,10 +58,19 @@ the producer's output position (only multi-output layers such as ``nn.LSTM`` hav
 one output; ``out_shape`` / ``out_dims`` describe output 0, ``attrs[v]["outputs"]`` all of them,
 ``out_bytes`` their total). ``nbytes[e]`` is the size of the tensor on the edge.
 
+*Attributes the cost models read* (``attrs[v]``, all optional): ``gemm`` (lists of dim names
+under ``batch``, ``m``, ``n``, ``k``: PaSE's multi-index GEMM view, every index its own dim),
+``pw`` (pointwise ops fused into the layer, PaSE's ``pw_op_cnt``), ``norm_dim`` (the axis a
+norm normalises), ``loss: softmax_cross_entropy`` with ``class_dim``, ``contiguous`` (a
+reshape that splits only contiguously, PaSE's Ravel / Unravel), ``param_dims`` (the dims that
+index the weights, where the default rule would guess wrong).
+
 Building: :func:`harness.core.layerfx.build_layer_graph` traces a ``torch.nn.Module`` with ``torch.fx``
 and fake tensors and turns it into a ``LayerGraph`` (what becomes a node and how tracing works are
-described in :mod:`harness.core.layerfx`). This module needs numpy only: a saved graph loads and is
-searched without torch.
+described in :mod:`harness.core.layerfx`); :class:`harness.core.layer_builder.LayerGraphBuilder`
+writes one from code, a layer per call; :meth:`LayerGraph.save` / :meth:`LayerGraph.load` keep
+one in a JSON file (docs/layer_graphs.md) that ``model=from_file`` reads. This module needs
+numpy only: a saved graph loads and is searched without torch.
 
 FLOPs
 -----
@@ -92,7 +101,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.core.errors import UserError
-from harness.core.graph import EdgeListGraph
+from harness.core.graph import EdgeListGraph, read_json_object
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -281,11 +290,21 @@ class LayerGraph(EdgeListGraph):
         linear: m = sample (batch times folded leading dims), n = out features, k = in features.
         conv (implicit GEMM): m = sample x output positions, n = out channels,
         k = in channels per group x kernel positions. matmul: m = batch dims x rows,
-        n = columns, k = the contracted dim. Always ``2*m*n*k == flops_fwd[v]``.
+        n = columns, k = the contracted dim. A node with ``attrs["gemm"]`` (PaSE's multi-index
+        GEMM: lists of dim names under ``batch``, ``m``, ``n``, ``k``) multiplies each group's
+        sizes, batch into m. Always ``2*m*n*k == flops_fwd[v]``.
         """
         kind, d = self.kinds[v], self.dims[v]
         if kind not in GEMM_KINDS:
             return None
+        groups = self.attrs[v].get("gemm")
+        if groups:
+            def prod(key: str) -> int:
+                out = 1
+                for name in groups.get(key, ()):
+                    out *= d[name]
+                return out
+            return (prod("batch") * prod("m"), prod("n"), prod("k"))
         if kind == "linear":
             return (d.get("sample", 1), d["channel"], d["in_channel"])
         if kind == "matmul":
@@ -468,21 +487,38 @@ class LayerGraph(EdgeListGraph):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LayerGraph":
+        """The graph of a :meth:`to_dict` mapping (docs/layer_graphs.md); a missing or unknown
+        field, or one of the wrong type or length, is a :class:`LayerGraphError` naming it."""
         fmt = d.get("format")
         if fmt != LAYERGRAPH_FORMAT:
             raise LayerGraphError(f"not a layer graph: format is {fmt!r}, expected {LAYERGRAPH_FORMAT!r}")
-        return cls(**{k: v for k, v in d.items() if k != "format"})
+        fields = {f for f in cls.__dataclass_fields__ if cls.__dataclass_fields__[f].init}
+        optional = {"meta", "src_port"}
+        unknown = sorted(set(d) - fields - {"format"})
+        if unknown:
+            raise LayerGraphError(f"unknown field {unknown[0]!r} (a layer graph has {sorted(fields)})")
+        missing = sorted(fields - optional - set(d))
+        if missing:
+            raise LayerGraphError(f"missing field {missing[0]!r}")
+        try:
+            return cls(**{k: v for k, v in d.items() if k != "format"})
+        except LayerGraphError:
+            raise
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+            raise LayerGraphError(f"malformed layer graph ({type(e).__name__}: {e})") from None
 
     def save(self, path: str | Path) -> None:
-        """Write the graph as JSON, readable by :meth:`load`."""
+        """Write the graph as JSON, readable by :meth:`load` and ``model=from_file``."""
         Path(path).write_text(json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> "LayerGraph":
-        p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"layer graph file {p} does not exist")
-        return cls.from_dict(json.loads(p.read_text()))
+        """The graph saved at ``path``; any mistake in the file is a :class:`LayerGraphError` naming the file."""
+        d = read_json_object(path, "layer graph file", LayerGraphError)
+        try:
+            return cls.from_dict(d)
+        except LayerGraphError as e:
+            raise LayerGraphError(f"layer graph file {path}: {e}") from None
 
     def summary(self) -> str:
         counts: dict[str, int] = {}

@@ -7,7 +7,9 @@ give a :meth:`TorchModel.layer_graph`.  Three kinds:
   :func:`harness.core.capture.capture`; the zoo models and ``model=custom`` use it.
 * :class:`SyntheticGraph`: a seeded random layered DAG with a chosen size and CCR, for
   scaling studies.
-* :class:`GraphFile`: a graph saved with :meth:`OpGraph.save`.
+* :class:`GraphFile`: a graph saved with :meth:`OpGraph.save` or :meth:`LayerGraph.save`.
+* :class:`BuiltLayerGraph`: a layer graph written in code with
+  :class:`harness.core.layer_builder.LayerGraphBuilder` (PaSE's graphs: ``model=pase_alexnet``).
 
 Every source checks its config when it is built (by ``harness.run.build``, before anything is
 traced or simulated), and a mistake is a :class:`harness.core.errors.UserError` whose one-line
@@ -45,7 +47,8 @@ import numpy as np
 from harness.core.capture import CaptureError, TensorSpec, capture, colocate_gradients
 from harness.core.cluster import integer, non_negative_number, positive_int, positive_number
 from harness.core.errors import UserError
-from harness.core.graph import BATCHED, FORWARD, GraphError, OpGraph
+from harness.core.graph import BATCHED, FORWARD, GRAPH_FORMAT, GraphError, OpGraph, read_json_object
+from harness.core.layergraph import LAYERGRAPH_FORMAT, LayerGraph
 
 _CACHE: dict[str, OpGraph] = {}
 _LAYER_CACHE: dict[str, Any] = {}
@@ -338,25 +341,56 @@ class SyntheticGraph:
 
 
 class GraphFile:
-    """A graph saved with :meth:`OpGraph.save` (``model=from_file model.path=...``), read and
-    checked when the source is built; ``batch_size`` is the file's (a different
-    ``model.batch_size`` is refused)."""
+    """A graph saved with :meth:`OpGraph.save` or :meth:`LayerGraph.save` (``model=from_file
+    model.path=...``), told apart by the file's ``format`` tag, read and checked when the source
+    is built; ``batch_size`` is the file's (a different ``model.batch_size`` is refused). An
+    operator graph feeds the operator-graph algorithms, a layer graph OptCNN, PaSE and the other
+    layer-graph searches; asking a file for the other kind is a one-line error."""
 
     def __init__(self, path: str, name: str | None = None, batch_size: int | None = None, **extra: Any) -> None:
         _refuse_unknown_keys(GraphFile, str(name or path), extra)
         if not path or path == "???":
-            raise ModelConfigError("model=from_file needs model.path=<graph.json> (a graph saved with OpGraph.save)")
+            raise ModelConfigError("model=from_file needs model.path=<graph.json> (a graph saved with OpGraph.save or LayerGraph.save)")
         self.path = Path(path)
-        self._graph = OpGraph.load(self.path)
+        d = read_json_object(self.path, "graph file", GraphError)
+        fmt = d.get("format")
+        self._graph: OpGraph | None = None
+        self._layer: LayerGraph | None = None
+        if isinstance(fmt, str) and fmt.startswith("harness.layergraph/"):
+            try:
+                self._layer = LayerGraph.from_dict(d)
+            except UserError as e:
+                raise GraphError(f"layer graph file {self.path}: {e}") from None
+            meta = self._layer.meta
+        elif isinstance(fmt, str) and fmt.startswith("harness.opgraph/"):
+            try:
+                self._graph = OpGraph.from_dict(d)
+            except UserError as e:
+                raise GraphError(f"graph file {self.path}: {e}") from None
+            meta = self._graph.meta
+        else:
+            raise GraphError(f"graph file {self.path}: format is {fmt!r}; expected an operator graph ({GRAPH_FORMAT!r}) "
+                             f"or a layer graph ({LAYERGRAPH_FORMAT!r})")
         self.name = name or self.path.stem
-        self.batch_size = positive_int(self._graph.meta.get("batch_size", 1), f"graph file {self.path}: meta.batch_size", GraphError)
+        self.batch_size = positive_int(meta.get("batch_size", 1), f"graph file {self.path}: meta.batch_size", GraphError)
         if batch_size is not None and positive_int(batch_size, "model.batch_size", ModelConfigError) != self.batch_size:
             raise ModelConfigError(f"model.batch_size={batch_size} cannot apply to graph file {self.path}: its batch size "
                                    f"is {self.batch_size}, fixed when it was captured; leave model.batch_size=null")
 
+    def layer_graph(self, precision: str = "fp32") -> LayerGraph:
+        """The saved layer graph (precision as saved)."""
+        if self._layer is None:
+            raise ModelConfigError(f"graph file {self.path} holds an operator graph; this algorithm plans on a layer graph "
+                                   "(save one with LayerGraph.save, or pick an operator-graph algorithm)")
+        _fixed_precision(self.name, precision, "a graph file keeps the dtypes it was saved with")
+        return self._layer
+
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
                  colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
         """The saved graph (as saved: a capture option other than the file's is refused, co-location applies)."""
+        if self._graph is None:
+            raise ModelConfigError(f"graph file {self.path} holds a layer graph; this algorithm plans on an operator graph "
+                                   "(use a layer-graph algorithm such as algo=pase or algo=optcnn, or save an OpGraph)")
         _fixed_precision(self.name, precision, "a graph file keeps the dtypes it was captured with")
         self._fixed_option("granularity", granularity, str(self._graph.meta.get("granularity", "aten")))
         if "optimizer" in self._graph.meta:
@@ -368,3 +402,42 @@ class GraphFile:
         if str(asked) != saved:
             raise ModelConfigError(f"graph.{option}={asked} cannot apply to graph file {self.path}: it was captured with "
                                    f"{option} {saved}; pass graph.{option}={saved}")
+
+
+class BuiltLayerGraph:
+    """A layer graph written in code (``conf/model/pase_*.yaml``, ``model=built``): ``fn`` names a
+    function ``fn(batch_size, **kwargs) -> LayerGraph``, typically built with
+    :class:`harness.core.layer_builder.LayerGraphBuilder`. It feeds the layer-graph algorithms only."""
+
+    def __init__(self, fn: str, batch_size: int, name: str | None = None, kwargs: Mapping[str, Any] | None = None,
+                 **extra: Any) -> None:
+        _refuse_unknown_keys(BuiltLayerGraph, str(name or fn), extra)
+        if not fn or fn == "???":
+            raise ModelConfigError("model=built needs model.fn=<module.function> returning a LayerGraph")
+        self.fn = str(fn)
+        self.batch_size = positive_int(batch_size, "model.batch_size", ModelConfigError)
+        self.name = name or self.fn.rsplit(".", 1)[-1]
+        self.kwargs = dict(_plain(kwargs) or {})
+        self._layer: LayerGraph | None = None
+
+    def layer_graph(self, precision: str = "fp32") -> LayerGraph:
+        """The graph ``fn`` builds (once), checked to be a :class:`LayerGraph`."""
+        _fixed_precision(self.name, precision, "a layer graph built in code has the dtypes its code gives")
+        if self._layer is None:
+            from hydra.utils import instantiate
+
+            try:
+                make = instantiate({"_target_": self.fn}, _partial_=True)
+            except Exception as e:  # noqa: BLE001 - Hydra wraps the import error
+                raise ModelConfigError(f"model.fn={self.fn} cannot be imported ({_one_line(e.__cause__ or e)}); "
+                                       "name an importable function returning a LayerGraph") from e
+            lg = make(batch_size=self.batch_size, **self.kwargs)
+            if not isinstance(lg, LayerGraph):
+                raise ModelConfigError(f"model.fn={self.fn} returned {type(lg).__name__}, not a LayerGraph")
+            self._layer = lg
+        return self._layer
+
+    def op_graph(self, **_: Any) -> OpGraph:
+        """Refused: a layer graph written in code has no operator graph."""
+        raise ModelConfigError(f"model {self.name!r} is a layer graph written in code; it feeds the layer-graph algorithms "
+                               "(algo=pase, optcnn, optcnn_dfs, flexflow_mcmc, ...), not operator-graph ones")

@@ -11,12 +11,15 @@ as floats).
 Per layer (t_V), with our layer kinds mapped onto PaSE's operators:
 
 * GEMM with per-processor sizes m, n, k (``conv*``, ``linear``, ``matmul``, ``embedding``):
-  ``3 m n k`` (one GEMM forward, two backward) plus ``AR(m n, k-split) + AR(m k, n-split)
-  + AR(n k, m-split)`` words. Batch dims of a ``matmul`` multiply both (PaSE's Einsum).
-  A convolution is the GEMM (b h_out w_out, n, c r s) and its h and w are never split; an
-  ``embedding`` is PaSE's one-hot Einsum, the GEMM (tokens, embedding dim, vocabulary).
-  Fused pointwise ops (PaSE's ``pw_op_cnt``) are 0: our layer graph keeps ReLUs as their own
-  ``elementwise`` layers.
+  ``3 m n k + 3 pw m n`` (one GEMM forward, two backward; ``pw`` = ``attrs["pw"]``, PaSE's
+  ``pw_op_cnt``, the pointwise ops fused into the layer) plus ``AR(m n, k-split) + AR(m k,
+  n-split) + AR(n k, m-split)`` words. A node with ``attrs["gemm"]`` (the builder's einsum,
+  linear and embedding, the traced embedding) is PaSE's Einsum: every index its own dim, the
+  batch indices multiplying the cost, the m, n and k indices multiplied into the GEMM's sizes
+  and splits. Otherwise batch dims of a ``matmul`` multiply both. A convolution is the GEMM
+  (b h_out w_out, n, c r s) and its h and w are never split; an ``embedding`` is PaSE's one-hot
+  Einsum, the GEMM (tokens, embedding dim, vocabulary), the vocabulary a dim PaSE may split.
+  Traced graphs keep ReLUs as their own ``elementwise`` layers, so their pw is 0.
 * ``pool*``: the output elements per processor, plus the ghost (halo) elements of the input:
   along a split spatial axis the per-processor extent grows by the kernel size.
 * ``batchnorm``: PaSE's ``Norm`` over the sample axis (``BatchNorm = Norm(x, 0)``);
@@ -26,7 +29,10 @@ Per layer (t_V), with our layer kinds mapped onto PaSE's operators:
 * ``softmax`` (over axis a): ``4 e + e * d_a`` compute, plus ``AR(e', P_a) + AR(e' d_a, P_a)
   + AR(e', P_a)`` with e' the per-processor elements without axis a.
 * ``reduce`` (PaSE's ReduceMean): ``AR(e, product of the splits of the reduced dims)``.
-* ``elementwise``, ``norm`` (local response normalisation): e.
+* ``loss`` with ``attrs["loss"] == "softmax_cross_entropy"`` (PaSE's SoftmaxCrossEntropy, the
+  class axis last): ``4 e + 2 e'`` with e' the per-processor rows, plus ``2 r e'`` when the
+  classes are split (each label broadcast along the class split).
+* ``elementwise`` (``(1 + pw) e``), ``norm`` (local response normalisation): e.
 * ``lstm`` / ``gru`` / ``rnn`` modules: PaSE's LSTM, the GEMM (layers; seq * batch,
   gates * n, k + n) with 3 pointwise ops per element, plus the reshape of every cell's output
   (b, n) into the next cell's input (b, k), ``layers * seq`` times.
@@ -37,17 +43,22 @@ Per layer (t_V), with our layer kinds mapped onto PaSE's operators:
 Per edge (t_E): ``2 * (consumer's per-processor area - overlap with the producer's per-processor
 area)`` words, forward and backward; the overlap counts as 0 when the consumer's tensor is
 split over more processors than the producer's. Per-processor areas are the tensor's shape
-divided by the degree of the dim indexing each axis (our axis maps).
+divided by the degree of the dim indexing each axis (our axis maps). Of several edges between
+one pair of layers (a layer reading two outputs of another, or one tensor twice) PaSE's code
+keeps only the last input port's, as it stores edges in a networkx ``DiGraph``;
+``parallel_edges: last`` (the default) does the same, ``all`` counts every edge.
 
 Configurations (PaSE's iteration domains, :func:`pase_domain`): a dim of size d may be split
 by any divisor e of d with ``d / e >= cutoff`` (4 for CNNs, 1 for RNNLM and Transformer: the
 ``auto`` cutoff picks 4 when the graph has a convolution); the splits of a layer multiply to
 at most p (``product: at_most``).
 
-Deviations we know of (our graphs come from our zoo, not PaSE's hand-written ones): the
-embedding's vocabulary dim is not in our layer graph, so it is never split; a
-``concat`` never splits its concatenation axis (as PaSE); views may split any output dim
-(PaSE's Ravel/Unravel only split contiguously).
+Configurations of a reshape written with the builder (``attrs["contiguous"]``: PaSE's Ravel and
+Unravel) split contiguously only (:func:`algorithms.layer_configs.enumerate_configs`). On PaSE's
+own four graphs, rebuilt with the builder (:mod:`harness.core.zoo.pase_graphs`), our search gives
+PaSE's optimum (``python -m experiments pase_parity``). Deviations on traced graphs (our zoo's):
+a ``concat`` never splits its concatenation axis (as PaSE); traced views may split any output
+dim; a traced linear folds its leading axes into one ``sample`` dim.
 
 For the simulator, ``PaseCostModel`` is the analytical roofline of the cluster (it subclasses
 :class:`harness.core.costs.AnalyticalCostModel`), so a PaSE strategy's simulated step time is
@@ -92,6 +103,8 @@ def pase_domain(lg: LayerGraph, v: int) -> tuple[str, ...]:
         return tuple(x for x in d if x != cat)
     if kind in RNN_KINDS:
         return tuple(x for x in ("layer", "sample", "channel", "in_channel") if x in d)
+    if kind == "loss" and lg.attrs[v].get("loss") == "softmax_cross_entropy":
+        return tuple(d)
     if kind in ("view", "other", "loss"):
         return tuple(lg.parallel_dims[v])
     return tuple(d)
@@ -105,14 +118,17 @@ def auto_cutoff(lg: LayerGraph) -> int:
 class PaseCostModel(AnalyticalCostModel):
     """PaSE's cost model for the search (FLOPs), the cluster's roofline for the simulator."""
 
-    #: layer_costs dispatches on this
+    #: the cost model's name (``LayerCostTables.model``)
     model = "pase"
 
     def __init__(self, cluster: Cluster, peak_tflops: float = 10.0, bw_GBps: float = 16.0, cutoff: int | str = "auto",
-                 product: str = "at_most", **roofline: Any) -> None:
+                 product: str = "at_most", parallel_edges: str = "last", **roofline: Any) -> None:
         super().__init__(cluster, **roofline)
         if product not in ("at_most", "divides"):
             raise CostModelError(f"costs.product must be 'at_most' or 'divides', got {product!r}")
+        if parallel_edges not in ("last", "all"):
+            raise CostModelError(f"costs.parallel_edges must be 'last' or 'all', got {parallel_edges!r}")
+        self.parallel_edges = parallel_edges
         self.peak_flops = positive_number(peak_tflops, "costs.peak_tflops", CostModelError) * 1e12
         self.word_bw = positive_number(bw_GBps, "costs.bw_GBps", CostModelError) * 1e9 / 8.0
         #: FLOPs per word communicated (PaSE's WordsToFlops factor)
@@ -165,18 +181,27 @@ class PaseCostModel(AnalyticalCostModel):
                     out = out * deg[x]
             return out
 
+        pw = float(lg.attrs[v].get("pw", 0) or 0)
         if kind in ZERO_KINDS:
             return np.zeros(C)
+        groups = lg.attrs[v].get("gemm")
+        if groups:
+            bpp = ones.copy()
+            for x in groups.get("batch", ()):
+                bpp = bpp * (size[x] / deg[x])
+            mnk = [(float(np.prod([size[x] for x in groups.get(key, ())])), g(*groups.get(key, ()))) for key in "mnk"]
+            (m, dm), (n, dn), (k, dk) = mnk
+            return self._gemm(bpp, m / dm, n / dn, k / dk, dm, dn, dk, pw)
         if kind in CONV_KINDS:
             m, n, k = lg.gemm_mnk(v)
             spatial = [x for x in d if x in SPATIAL]
             kern = [x for x in d if x.startswith("kernel_")]
             dm, dn, dk = g("sample", *spatial), g("channel"), g("in_channel", *kern)
-            return self._gemm(ones, m / dm, n / dn, k / dk, dm, dn, dk)
+            return self._gemm(ones, m / dm, n / dn, k / dk, dm, dn, dk, pw)
         if kind == "linear":
             m, n, k = lg.gemm_mnk(v)
             dm, dn, dk = g("sample"), g("channel"), g("in_channel")
-            return self._gemm(ones, m / dm, n / dn, k / dk, dm, dn, dk)
+            return self._gemm(ones, m / dm, n / dn, k / dk, dm, dn, dk, pw)
         if kind == "matmul":
             batch = [x for x in d if x not in ("m", "n", "k")]
             bpp = ones.copy()
@@ -184,7 +209,7 @@ class PaseCostModel(AnalyticalCostModel):
                 bpp = bpp * (size[x] / deg[x])
             m, n, k = size.get("m", 1.0), size.get("n", 1.0), size.get("k", 1.0)
             dm, dn, dk = g("m"), g("n"), g("k")
-            return self._gemm(bpp, m / dm, n / dn, k / dk, dm, dn, dk)
+            return self._gemm(bpp, m / dm, n / dn, k / dk, dm, dn, dk, pw)
         if kind == "embedding":
             vocab = float(lg.attrs[v].get("num_embeddings") or 1)
             m, n = size.get("sample", 1.0), size.get("channel", 1.0)
@@ -208,12 +233,19 @@ class PaseCostModel(AnalyticalCostModel):
             elems = np.prod(np.stack([size[x] / deg[x] for x in dom]), axis=0)
             return elems + self._ghost(lg, v, deg, C)
         if kind in ("batchnorm", "layernorm"):
-            if kind == "batchnorm":
-                axis = "sample"
-            else:
-                normed = [x for x in d if x not in lg.parallel_dims[v]]
-                axis = normed[-1] if normed else list(d)[-1]
+            axis = lg.attrs[v].get("norm_dim")
+            if axis not in d:
+                if kind == "batchnorm":
+                    axis = "sample"
+                else:
+                    normed = [x for x in d if x not in lg.parallel_dims[v]]
+                    axis = normed[-1] if normed else list(d)[-1]
             return self._norm(size, deg, axis, C)
+        if kind == "loss" and lg.attrs[v].get("loss") == "softmax_cross_entropy":
+            cls = lg.attrs[v].get("class_dim") or list(d)[-1]
+            elems = np.prod(np.stack([size[x] / deg[x] for x in d]), axis=0)
+            rows = np.prod(np.stack([size[x] / deg[x] for x in d if x != cls]), axis=0) if len(d) > 1 else ones.copy()
+            return 4.0 * elems + 2.0 * rows + np.where(deg[cls] > 1, self.r * 2.0 * rows, 0.0)
         if kind == "softmax":
             pos = lg.attrs[v].get("dim")
             axes = lg.out_dims[v]
@@ -233,7 +265,7 @@ class PaseCostModel(AnalyticalCostModel):
             elems = np.prod(np.stack([size[x] / deg[x] for x in d]), axis=0)
             return self._ar(elems, g(*[x for x in d if x not in kept]))
         if kind in ("elementwise", "norm"):
-            return np.prod(np.stack([size[x] / deg[x] for x in d]), axis=0) if d else ones.copy()
+            return (1.0 + pw) * (np.prod(np.stack([size[x] / deg[x] for x in d]), axis=0) if d else ones.copy())
         # not one of PaSE's operators: its FLOPs over its processors
         return (float(lg.flops_fwd[v]) + float(lg.flops_bwd[v])) / g(*dims)
 

@@ -210,7 +210,9 @@ class ProfiledCostModel:
         if self._last.get("graph_id") != id(graph):
             self._last = {"graph_id": id(graph), "graph": f"{graph.meta.get('model', '?')} ({graph.num_nodes} nodes)", "by_kind": {}}
         kernel = ~graph.free
-        fb = (p.source == FALLBACK) & kernel
+        given = graph.measured_times(kind)
+        measured = ~np.isnan(given) if given is not None else np.zeros(graph.num_nodes, dtype=bool)
+        fb = (p.source == FALLBACK) & kernel & ~measured  # the graph's own measured times are no fallback
         self._last["by_kind"][kind] = {
             "profile": str(self.profile_path(kind)),
             "files": p.files,
@@ -219,6 +221,7 @@ class ProfiledCostModel:
             "kernel_nodes": int(kernel.sum()),
             "by_node": int((p.source == BY_INDEX).sum()),
             "by_key": int((p.source == BY_KEY).sum()),
+            "measured_in_graph": int(measured.sum()),
             "fallback_nodes": int(fb.sum()),
             "fallback_targets": dict(Counter(np.asarray(graph.targets, dtype=object)[fb].tolist()).most_common(10)),
         }

@@ -200,8 +200,13 @@ def embedding_spec(ctx: CallContext) -> NodeSpec:
         vocab = ctx.module.num_embeddings
     else:
         vocab = int(ctx.operands[1][1].shape[0]) if len(ctx.operands) > 1 else 0
-    return NodeSpec("embedding", dims, parallel, out_dims, labels, [idx_axes, ("", "channel")], 0.0, float(m * d),
-                 attrs={"num_embeddings": vocab, "embedding_dim": d, "sample_shape": list(idx_shape)})
+    attrs: dict[str, Any] = {"num_embeddings": vocab, "embedding_dim": d, "sample_shape": list(idx_shape)}
+    if vocab and idx_shape:
+        # PaSE's one-hot GEMM (tokens, d, vocab): the vocabulary is a reduction dim it may split
+        dims["vocab"] = vocab
+        attrs["gemm"] = {"batch": [], "m": ["sample"], "n": ["channel"], "k": ["vocab"]}
+    return NodeSpec("embedding", dims, parallel, out_dims, labels, [idx_axes, ("vocab" if "vocab" in dims else "", "channel")], 0.0, float(m * d),
+                 attrs=attrs)
 
 
 def rnn_spec(ctx: CallContext) -> NodeSpec:
