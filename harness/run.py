@@ -168,8 +168,12 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
         raise UserError(f"algo={algo.name} plans on a layer graph, and model {source.name!r} ({type(source).__name__}) gives "
                         "only an operator graph: use a PyTorch model (a zoo model or model=custom)")
     t0 = time.perf_counter()
-    graph = source.op_graph(**gcfg) if kind == "op" else source.layer_graph(precision=str(gcfg.get("precision", "fp32")))
+    if kind == "op":
+        graph = source.op_graph(**gcfg)
+    else:
+        graph = source.layer_graph(precision=str(gcfg.get("precision", "fp32")), cache=bool(gcfg.get("cache", True)))
     capture_s = time.perf_counter() - t0
+    graph_source = str(getattr(source, "graph_source", "captured"))
     t0 = time.perf_counter()
     plan = algo.plan(graph, cluster, costs)
     search_s = time.perf_counter() - t0
@@ -191,6 +195,8 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
         "plan_edges": int(plan.graph.num_edges),
         "search_seconds": search_s,
         "capture_seconds": capture_s,
+        "graph_from_cache": graph_source in ("disk", "memory"),
+        "graph_source": graph_source,
         "simulate_seconds": sim_s,
         **summary,
         "devices_used": len(plan.strategy.devices_used()),

@@ -13,6 +13,14 @@ settings.register_profile("deterministic", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
+# The graph cache (harness/core/graph_cache.py) of a test session lives in a fresh temporary
+# directory that the CLI subprocesses inherit, so that no test depends on what an earlier run
+# left in ~/.cache; HARNESS_CACHE_DIR set by the caller wins.
+if "HARNESS_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["HARNESS_CACHE_DIR"] = tempfile.mkdtemp(prefix="harness-graph-cache-")
+
 from harness.core.cluster import Cluster
 from harness.core.costs import AnalyticalCostModel
 from tests.helpers import make_cluster

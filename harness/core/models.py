@@ -47,6 +47,7 @@ import numpy as np
 from harness.core.capture import CaptureError, TensorSpec, capture, colocate_gradients
 from harness.core.cluster import integer, non_negative_number, positive_int, positive_number
 from harness.core.errors import UserError
+from harness.core.graph_cache import cached, source_file_digest
 from harness.core.graph import BATCHED, FORWARD, GRAPH_FORMAT, GraphError, OpGraph, read_json_object
 from harness.core.layergraph import LAYERGRAPH_FORMAT, LayerGraph
 
@@ -194,21 +195,37 @@ class TorchModel:
     def _key(self, **kw: Any) -> str:
         return json.dumps([self.name, self.module_cfg, self.batch_size, [s.__repr__() for s in self.inputs], repr(self.target), self.loss, kw], sort_keys=True, default=str)
 
+    #: where the last graph came from: ``"disk"`` (the graph cache), ``"memory"`` (this process
+    #: captured it before), ``"captured"`` or ``"captured (cache off)"``
+    graph_source: str = "captured"
+
+    def _cache_parts(self, key: str) -> list[Any]:
+        """What a cached graph depends on besides the harness's code: the config and the factory's file."""
+        return [key, source_file_digest(_factory(str(self.module_cfg["_target_"])))]
+
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
-                 colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
+                 colocate_gradients: bool = False, precision: str = "fp32", cache: bool = True) -> OpGraph:
         """The joint forward/backward/update aten graph (memoised per configuration in this
-        process); ``colocate_gradients`` ties each module's backward ops to its forward ops;
-        ``precision`` is one of :data:`harness.core.precision.PRECISIONS`."""
+        process, and on disk unless ``cache`` is false: :mod:`harness.core.graph_cache`);
+        ``colocate_gradients`` ties each module's backward ops to its forward ops;
+        ``precision`` is one of :data:`harness.core.precision.PRECISIONS`; ``keep_fx`` (a real
+        run executes the graph) captures afresh."""
         key = self._key(granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, precision=precision)
         if key not in _CACHE or (keep_fx and _CACHE[key].fx is None):
-            _CACHE[key] = capture(
-                self.build, self.inputs, self.target, self.loss, self.batch_size, name=self.name,
-                granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, keep_fx=keep_fx, precision=precision,
-            )
+            def build() -> OpGraph:
+                return capture(
+                    self.build, self.inputs, self.target, self.loss, self.batch_size, name=self.name,
+                    granularity=granularity, optimizer=optimizer, batch_probe=batch_probe, keep_fx=keep_fx, precision=precision,
+                )
+            use = bool(cache) and not keep_fx
+            _CACHE[key], hit = cached("op", self._cache_parts(key), build, use)
+            self.graph_source = "disk" if hit else "captured" if use or keep_fx else "captured (cache off)"
+        else:
+            self.graph_source = "memory"
         return _graph_options(_CACHE[key], colocate_gradients)
 
-    def layer_graph(self, precision: str = "fp32") -> Any:
-        """The module-level LayerGraph (OptCNN / PaSE granularity), memoised like :meth:`op_graph`.
+    def layer_graph(self, precision: str = "fp32", cache: bool = True) -> Any:
+        """The module-level LayerGraph (OptCNN / PaSE granularity), memoised and cached like :meth:`op_graph`.
 
         A layer graph costs each layer in one dtype: ``fp32`` / ``tf32`` (``meta["precision"]``
         sets the math mode), ``fp16`` / ``bf16`` (the module and its floating inputs converted);
@@ -224,15 +241,20 @@ class TorchModel:
                                "per op); a layer-graph algorithm takes fp32, tf32, fp16 or bf16")
         key = self._key(kind="layer", precision=precision)
         if key not in _LAYER_CACHE:
-            with torch.device("meta"):
-                module = self.build()
-                if prec.param_dtype != "float32":
-                    module = module.to(getattr(torch, prec.param_dtype))
-            specs = [((self.batch_size, *s.shape), prec.param_dtype if s.dtype.startswith("float") else s.dtype)
-                     for s in self.inputs]
-            lg = build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
-            lg.meta["precision"] = prec.name
-            _LAYER_CACHE[key] = lg
+            def build() -> Any:
+                with torch.device("meta"):
+                    module = self.build()
+                    if prec.param_dtype != "float32":
+                        module = module.to(getattr(torch, prec.param_dtype))
+                specs = [((self.batch_size, *s.shape), prec.param_dtype if s.dtype.startswith("float") else s.dtype)
+                         for s in self.inputs]
+                lg = build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
+                lg.meta["precision"] = prec.name
+                return lg
+            _LAYER_CACHE[key], hit = cached("layer", self._cache_parts(key), build, bool(cache))
+            self.graph_source = "disk" if hit else "captured" if cache else "captured (cache off)"
+        else:
+            self.graph_source = "memory"
         return _LAYER_CACHE[key]
 
 
@@ -296,8 +318,8 @@ class SyntheticGraph:
         self.batch_size = positive_int(batch_size, "model.batch_size", ModelConfigError)
 
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
-                 colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
-        """The random DAG (the capture options do not apply; it has no layers to co-locate)."""
+                 colocate_gradients: bool = False, precision: str = "fp32", cache: bool = True) -> OpGraph:
+        """The random DAG (the capture options do not apply; it has no layers to co-locate; generated, not cached)."""
         _fixed_precision(self.name, precision, "a synthetic graph has FLOPs and bytes, not dtypes")
         rng = np.random.default_rng(self.seed)
         n = self.nodes
@@ -377,8 +399,8 @@ class GraphFile:
             raise ModelConfigError(f"model.batch_size={batch_size} cannot apply to graph file {self.path}: its batch size "
                                    f"is {self.batch_size}, fixed when it was captured; leave model.batch_size=null")
 
-    def layer_graph(self, precision: str = "fp32") -> LayerGraph:
-        """The saved layer graph (precision as saved)."""
+    def layer_graph(self, precision: str = "fp32", cache: bool = True) -> LayerGraph:
+        """The saved layer graph (precision as saved; a file needs no cache)."""
         if self._layer is None:
             raise ModelConfigError(f"graph file {self.path} holds an operator graph; this algorithm plans on a layer graph "
                                    "(save one with LayerGraph.save, or pick an operator-graph algorithm)")
@@ -386,8 +408,9 @@ class GraphFile:
         return self._layer
 
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
-                 colocate_gradients: bool = False, precision: str = "fp32") -> OpGraph:
-        """The saved graph (as saved: a capture option other than the file's is refused, co-location applies)."""
+                 colocate_gradients: bool = False, precision: str = "fp32", cache: bool = True) -> OpGraph:
+        """The saved graph (as saved: a capture option other than the file's is refused, co-location applies;
+        a file needs no cache)."""
         if self._graph is None:
             raise ModelConfigError(f"graph file {self.path} holds a layer graph; this algorithm plans on an operator graph "
                                    "(use a layer-graph algorithm such as algo=pase or algo=optcnn, or save an OpGraph)")
@@ -420,8 +443,8 @@ class BuiltLayerGraph:
         self.kwargs = dict(_plain(kwargs) or {})
         self._layer: LayerGraph | None = None
 
-    def layer_graph(self, precision: str = "fp32") -> LayerGraph:
-        """The graph ``fn`` builds (once), checked to be a :class:`LayerGraph`."""
+    def layer_graph(self, precision: str = "fp32", cache: bool = True) -> LayerGraph:
+        """The graph ``fn`` builds (once per process; code is not cached), checked to be a :class:`LayerGraph`."""
         _fixed_precision(self.name, precision, "a layer graph built in code has the dtypes its code gives")
         if self._layer is None:
             from hydra.utils import instantiate
