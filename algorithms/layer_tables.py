@@ -24,6 +24,7 @@ from algorithms.layer_configs import ConfigSpaceError, SpaceOptions, enumerate_c
 from algorithms.layer_costs import layer_cost_model, resolve_options
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
+from harness.core.errors import UserError
 from harness.core.layer_shards import make_grid, mapped_devices
 from harness.core.layergraph import LayerGraph
 from harness.core.strategy import ParallelConfig, Strategy
@@ -226,3 +227,29 @@ def brute_force(tables: LayerCostTables, limit: int = 2_000_000) -> tuple[np.nda
     assert best_idx is not None
     return best_idx, best
 
+
+
+def config_index(tables: LayerCostTables, v: int, degrees: dict[str, int]) -> int | None:
+    """Index of node v's configuration with these degrees (others 1), None when the space lacks it."""
+    want = np.array([int(degrees.get(d, 1)) for d in tables.dims[v]], dtype=np.int64)
+    if any(int(x) > 1 for d, x in degrees.items() if d not in tables.dims[v]):
+        return None
+    hit = np.flatnonzero((tables.degrees[v] == want).all(axis=1)) if len(want) else np.array([0])
+    return int(hit[0]) if len(hit) else None
+
+
+def seed_strategies(tables: LayerCostTables, rules: dict[str, Any]) -> list[tuple[str, np.ndarray, float]]:
+    """The baselines (``name -> rule(lgraph, n) -> degrees per node``) that lie in the tables'
+    space, as ``(name, config index per node, objective)``, cheapest first: what a budgeted
+    search starts from, so that its answer is never worse than the best of them."""
+    out = []
+    for name, rule in rules.items():
+        try:
+            dims = rule(tables.lgraph, tables.num_devices)
+        except UserError:
+            continue  # e.g. a batch smaller than the device count
+        idx = [config_index(tables, v, d) for v, d in enumerate(dims)]
+        if all(i is not None for i in idx):
+            arr = np.asarray(idx, dtype=np.int64)
+            out.append((name, arr, tables.objective(arr)))
+    return sorted(out, key=lambda t: t[2])

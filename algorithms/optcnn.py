@@ -35,12 +35,16 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.layer_fixed import data_parallel_dims, owt_dims
 from algorithms.layer_search import LayerSearch
-from algorithms.layer_tables import LayerCostTables
+from algorithms.layer_tables import LayerCostTables, seed_strategies
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.layergraph import LayerGraph
 from harness.core.strategy import Plan
+
+#: the baselines a budgeted search starts from (those in its space): data parallelism and OWT
+BASELINES = {"data_parallel": data_parallel_dims, "owt": owt_dims}
 
 #: largest [Ci, Cj, Ck] block a node elimination materialises at once (entries)
 _BLOCK = 1 << 24
@@ -71,12 +75,16 @@ def best_middle(a: np.ndarray, nj: np.ndarray, b: np.ndarray, ci: int, ck: int) 
 
 
 def branch_and_bound(order: list[int], node_cost: dict[int, np.ndarray], edges: dict[tuple[int, int], np.ndarray],
-                     budget_s: float | None = None, check_every: int = 2048) -> tuple[dict[int, int], float, bool, int]:
+                     budget_s: float | None = None, check_every: int = 2048,
+                     incumbent: dict[int, int] | None = None) -> tuple[dict[int, int], float, bool, int, float]:
     """Exact depth-first search with pruning over the nodes ``order`` (OptCNN Table 3's baseline).
 
     ``edges[(u, v)]`` is a cost matrix [C_u, C_v] between two nodes of ``order``. Returns
-    ``(assignment, cost, complete, expanded)``; ``complete`` is False when ``budget_s`` ran out
-    (the assignment is then the best found so far).
+    ``(assignment, cost, complete, expanded, lower_bound)``; ``complete`` is False when
+    ``budget_s`` ran out (the assignment is then the best found so far: the incumbent). An
+    ``incumbent`` (a config per node, e.g. the best baseline) is the first best; without one the
+    budget applies once the greedy first descent has found a complete strategy.
+    ``lower_bound`` is the root bound (every node at its cheapest with its cheapest edges).
     """
     K = len(order)
     pos = {v: i for i, v in enumerate(order)}
@@ -100,6 +108,10 @@ def branch_and_bound(order: list[int], node_cost: dict[int, np.ndarray], edges: 
     assign = [0] * K
     best = math.inf
     best_assign: list[int] | None = None
+    if incumbent is not None and K:
+        best_assign = [int(incumbent[v]) for v in order]
+        best = sum(float(costs[t][best_assign[t]]) for t in range(K))
+        best += sum(float(m[best_assign[s], best_assign[t]]) for t in range(K) for s, m in back[t])
     partial = [0.0] * (K + 1)
     cand: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * K
     vals: list[np.ndarray] = [np.zeros(0)] * K
@@ -117,7 +129,7 @@ def branch_and_bound(order: list[int], node_cost: dict[int, np.ndarray], edges: 
     expanded = 0
     complete = True
     if K == 0:
-        return {}, 0.0, True, 0
+        return {}, 0.0, True, 0, 0.0
     expand(0)
     depth = 0
     while depth >= 0:
@@ -139,12 +151,12 @@ def branch_and_bound(order: list[int], node_cost: dict[int, np.ndarray], edges: 
         depth += 1
         expand(depth)
         expanded += 1
-        # the budget applies once a complete (the greedy, cheapest-first) strategy exists
+        # the budget applies once a complete strategy exists (the incumbent, or the greedy first descent)
         if budget_s is not None and best_assign is not None and expanded % check_every == 0 and time.perf_counter() - t0 > budget_s:
             complete = False
             break
     assert best_assign is not None
-    return {v: best_assign[i] for i, v in enumerate(order)}, best, complete, expanded
+    return {v: best_assign[i] for i, v in enumerate(order)}, best, complete, expanded, float(lb[0])
 
 
 class OptCNN(LayerSearch):
@@ -160,7 +172,7 @@ class OptCNN(LayerSearch):
 
     def __init__(self, name: str = "optcnn", seed: int = 0, space: str | None = None, product: str | None = None,
                  cutoff: int | str | None = None, mapping: str | None = None, enum_limit: int = 10_000_000,
-                 budget_s: float | None = 600.0, eliminate_leaves: bool = False, progress: bool = False) -> None:
+                 budget_s: float | None = 60.0, eliminate_leaves: bool = False, progress: bool = False) -> None:
         super().__init__(name, seed, space, product, cutoff, mapping, progress)
         self.enum_limit = int(enum_limit)
         self.budget_s = budget_s  # as configured, for describe()
@@ -250,6 +262,7 @@ class OptCNN(LayerSearch):
         space = math.prod(sizes)
         idx = np.zeros(n, dtype=np.int64)
         complete = True
+        extra: dict[str, Any] = {}
         if space <= self.enum_limit:
             # Alg. 1 line 14: every strategy of the final graph, as one broadcast array
             pos = {v: a for a, v in enumerate(final)}
@@ -268,10 +281,16 @@ class OptCNN(LayerSearch):
                 idx[v] = int(best[a])
             enumerated = "exhaustive"
         else:
-            assign, _, complete, _ = branch_and_bound(final, {v: ncost[v] for v in final}, E, self.budget_seconds)
+            # seeded with the best baseline of the space, so a budgeted answer is never worse than it
+            seeds = seed_strategies(tables, BASELINES)
+            start = {v: int(seeds[0][1][v]) for v in final} if seeds else None
+            assign, value, complete, _, bound = branch_and_bound(final, {v: ncost[v] for v in final}, E, self.budget_seconds,
+                                                                 incumbent=start)
             for v, c in assign.items():
                 idx[v] = c
             enumerated = "branch_and_bound"
+            extra = {"seeded_with": seeds[0][0] if seeds else None, "lower_bound_s": bound,
+                     "gap_to_lower_bound": (value - bound) / bound if bound > 0 else 0.0}
         # Alg. 1 lines 15-23: undo the eliminations in reverse
         for h in reversed(history):
             if h[0] == "node":
@@ -282,7 +301,7 @@ class OptCNN(LayerSearch):
                 idx[j] = int(arg[idx[i]])
         return idx, {"K": K, "final_strategies": int(space), "node_eliminations": node_elims,
                      "edge_eliminations": edge_elims, "leaf_eliminations": leaf_elims,
-                     "final_search": enumerated, "complete": complete}
+                     "final_search": enumerated, "complete": complete, **extra}
 
 
 class OptCNNDFS(LayerSearch):
@@ -306,9 +325,13 @@ class OptCNNDFS(LayerSearch):
         tables = self.tables(graph, cluster, costs)
         t0 = time.perf_counter()
         order = list(range(tables.num_nodes))  # node ids are a topological order
-        assign, _, complete, expanded = branch_and_bound(
-            order, dict(enumerate(tables.node_cost)), tables.merged_edges(), self.budget_seconds)
+        seeds = seed_strategies(tables, BASELINES)
+        assign, value, complete, expanded, bound = branch_and_bound(
+            order, dict(enumerate(tables.node_cost)), tables.merged_edges(), self.budget_seconds,
+            incumbent={v: int(seeds[0][1][v]) for v in order} if seeds else None)
         search_s = time.perf_counter() - t0
         idx = np.array([assign[v] for v in order], dtype=np.int64)
-        info = self.info(tables, idx, search_s, complete, search_budget_s=self.budget_seconds, expanded=expanded)
+        info = self.info(tables, idx, search_s, complete, search_budget_s=self.budget_seconds, expanded=expanded,
+                         seeded_with=seeds[0][0] if seeds else None, lower_bound_s=bound,
+                         gap_to_lower_bound=(value - bound) / bound if bound > 0 else 0.0)
         return Plan(graph, tables.strategy(idx, algo=self.name), info=info)

@@ -80,7 +80,7 @@ def test_the_cost_model_is_chosen_by_its_class(cl4, costs4):
 #: their parameters were made explicit
 LAYER_ALGO_PARAMS = {
     "optcnn": {"name": "optcnn", "seed": 0, "space": None, "product": None, "cutoff": None, "mapping": "linear",
-               "enum_limit": 10000000, "budget_s": 600, "eliminate_leaves": False},
+               "enum_limit": 10000000, "budget_s": 60, "eliminate_leaves": False},
     "optcnn_dfs": {"name": "optcnn_dfs", "seed": 0, "space": None, "product": None, "cutoff": None, "mapping": "linear",
                    "budget_s": 60},
     "pase": {"name": "pase", "seed": 0, "space": None, "product": None, "cutoff": None, "mapping": "linear",
@@ -263,16 +263,36 @@ def test_dfs_is_exact_and_reports_an_exhausted_budget(cl4, costs4):
     assert plan.info["objective_s"] == pytest.approx(brute_force(T)[1], rel=1e-12)
     # an exhausted budget: the best strategy so far, flagged incomplete
     order = list(range(T.num_nodes))
-    assign, cost, complete, _ = branch_and_bound(order, dict(enumerate(T.node_cost)), T.merged_edges(), budget_s=0.0, check_every=1)
+    assign, cost, complete, _, bound = branch_and_bound(order, dict(enumerate(T.node_cost)), T.merged_edges(), budget_s=0.0, check_every=1)
     assert complete is False and sorted(assign) == order
     assert cost == pytest.approx(T.objective([assign[v] for v in order])) and cost >= brute_force(T)[1] * (1 - 1e-12)
+    assert bound <= brute_force(T)[1] * (1 + 1e-12)
+
+
+def test_a_budgeted_search_is_never_worse_than_the_best_baseline_in_its_space(cl4, costs4):
+    from algorithms.layer_fixed import data_parallel_dims, owt_dims
+    from algorithms.layer_tables import seed_strategies
+
+    g = random_dag(7, 8, 1.0, **BIG)
+    T = build_tables(g, cl4, costs4)
+    seeds = seed_strategies(T, {"data_parallel": data_parallel_dims, "owt": owt_dims})
+    assert seeds, "data parallelism lies in OptCNN's space"
+    best_seed = seeds[0][2]
+    for plan in (OptCNNDFS(budget_s=0.0).plan(g, cl4, costs4), OptCNN(enum_limit=1, budget_s=0.0).plan(g, cl4, costs4)):
+        assert plan.info["objective_s"] <= best_seed * (1 + 1e-12)
+        assert plan.info["seeded_with"] == seeds[0][0] and plan.info["gap_to_lower_bound"] >= 0
+    # with an incumbent, the budget applies from the start: the answer is the seed or better
+    order = list(range(T.num_nodes))
+    assign, cost, complete, _, bound = branch_and_bound(order, dict(enumerate(T.node_cost)), T.merged_edges(), budget_s=0.0,
+                                                        check_every=1, incumbent=dict(enumerate(seeds[0][1].tolist())))
+    assert cost <= best_seed * (1 + 1e-12) and bound <= cost
 
 
 def test_branch_and_bound_orients_edges_both_ways():
     nc = {0: np.array([0.0, 1.0]), 1: np.array([5.0, 0.0])}
     edges = {(0, 1): np.array([[0.0, 10.0], [0.0, 0.0]])}
     for order in ([0, 1], [1, 0]):
-        assign, cost, complete, _ = branch_and_bound(order, nc, edges)
+        assign, cost, complete, _, _ = branch_and_bound(order, nc, edges)
         assert complete and cost == 1.0 and assign == {0: 1, 1: 1}
 
 
