@@ -133,3 +133,7 @@ class OWT(_Fixed):
 
     def __init__(self, name: str = "owt", seed: int = 0, devices: int | None = None, mapping: str = "linear") -> None:
         super().__init__(name, seed, devices, mapping)
+
+
+#: the baselines a budgeted search starts from or falls back on (those in its space): data parallelism and OWT
+SEEDS = {"data_parallel": data_parallel_dims, "owt": owt_dims}

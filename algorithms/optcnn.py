@@ -35,16 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.layer_fixed import data_parallel_dims, owt_dims
+from algorithms.layer_fixed import SEEDS
 from algorithms.layer_search import LayerSearch
 from algorithms.layer_tables import LayerCostTables, seed_strategies
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.layergraph import LayerGraph
 from harness.core.strategy import Plan
-
-#: the baselines a budgeted search starts from (those in its space): data parallelism and OWT
-BASELINES = {"data_parallel": data_parallel_dims, "owt": owt_dims}
 
 #: largest [Ci, Cj, Ck] block a node elimination materialises at once (entries)
 _BLOCK = 1 << 24
@@ -282,7 +279,7 @@ class OptCNN(LayerSearch):
             enumerated = "exhaustive"
         else:
             # seeded with the best baseline of the space, so a budgeted answer is never worse than it
-            seeds = seed_strategies(tables, BASELINES)
+            seeds = seed_strategies(tables, SEEDS)
             start = {v: int(seeds[0][1][v]) for v in final} if seeds else None
             assign, value, complete, _, bound = branch_and_bound(final, {v: ncost[v] for v in final}, E, self.budget_seconds,
                                                                  incumbent=start)
@@ -325,7 +322,7 @@ class OptCNNDFS(LayerSearch):
         tables = self.tables(graph, cluster, costs)
         t0 = time.perf_counter()
         order = list(range(tables.num_nodes))  # node ids are a topological order
-        seeds = seed_strategies(tables, BASELINES)
+        seeds = seed_strategies(tables, SEEDS)
         assign, value, complete, expanded, bound = branch_and_bound(
             order, dict(enumerate(tables.node_cost)), tables.merged_edges(), self.budget_seconds,
             incumbent={v: int(seeds[0][1][v]) for v in order} if seeds else None)

@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.layer_fixed import SEEDS
 from algorithms.layer_search import LayerSearch
-from algorithms.layer_tables import LayerCostTables
+from algorithms.layer_tables import LayerCostTables, seed_strategies
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.layergraph import LayerGraph
@@ -50,9 +51,15 @@ class TableTooLarge(MemoryError):
     """A vertex elimination would build a factor larger than the configured maximum."""
 
 
+class SearchBudgetExceeded(TimeoutError):
+    """A vertex elimination ran past its deadline."""
+
+
 def vertex_elimination(tables: LayerCostTables, max_entries: int = 1 << 28, block_entries: int = 1 << 23,
-                       progress: bool = False, dtype: Any = np.float64) -> tuple[np.ndarray, float, dict[str, Any]]:
+                       progress: bool = False, dtype: Any = np.float64,
+                       deadline: float | None = None) -> tuple[np.ndarray, float, dict[str, Any]]:
     """Alg. 1-3 on precomputed cost tables: ``(config index per node, optimal cost, statistics)``.
+    :class:`SearchBudgetExceeded` when ``time.perf_counter()`` passes ``deadline`` (checked per vertex).
 
     ``dtype`` of the joins: float64 (exact up to float64 rounding; the default) or float32
     (half the memory traffic; ties closer than ~1e-7 relative may then be broken differently).
@@ -109,6 +116,8 @@ def vertex_elimination(tables: LayerCostTables, max_entries: int = 1 << 28, bloc
         v = k[2]
         if done[v] or k != key(v):
             continue
+        if deadline is not None and time.perf_counter() > deadline:
+            raise SearchBudgetExceeded(f"the elimination ran past its budget with {int((~done).sum())} of {n} vertices left")
         S = tuple(sorted(nbrs[v]))
         size_s = math.prod(C[x] for x in S)
         if size_s > max_entries:
@@ -210,19 +219,26 @@ def _best_config(v: int, parts: list[tuple[tuple[int, ...], np.ndarray]], idx: n
 class PaSE(LayerSearch):
     """PaSE's vertex elimination (Alg. 1-3) with numpy table joins.
 
-    ``max_entries``: the largest factor it builds (:class:`TableTooLarge` beyond);
-    ``block_entries``: the slice a join is computed in; ``dtype`` of the joins: float64 or
-    float32 (:func:`vertex_elimination`). The space options are :class:`LayerSearch`'s.
+    ``max_entries``: the largest factor it builds; ``budget_s``: the elimination's time budget
+    (None: none); ``block_entries``: the slice a join is computed in; ``dtype`` of the joins:
+    float64 or float32 (:func:`vertex_elimination`). The space options are :class:`LayerSearch`'s.
+
+    A search that would pass ``max_entries`` or ``budget_s`` still returns a plan: the best of the
+    baselines in its space (:data:`algorithms.layer_fixed.SEEDS`; the all-ones configuration when
+    none lies in it), flagged ``search_complete: false`` with the reason and the gap to a lower
+    bound of the optimum (each layer and each edge at its cheapest).
     """
 
     graph_kind = "layer"
 
     def __init__(self, name: str = "pase", seed: int = 0, space: str | None = None, product: str | None = None,
                  cutoff: int | str | None = None, mapping: str | None = None, max_entries: int = 1 << 28,
-                 block_entries: int = 1 << 23, dtype: str = "float64", progress: bool = False) -> None:
+                 block_entries: int = 1 << 23, dtype: str = "float64", budget_s: float | None = 60.0,
+                 progress: bool = False) -> None:
         if dtype not in ("float64", "float32"):
             raise ValueError(f"pase: dtype must be float64 or float32, got {dtype!r}")
         super().__init__(name, seed, space, product, cutoff, mapping, progress)
+        self.budget_s = budget_s  # as configured, for describe()
         self.max_entries = int(max_entries)
         self.block_entries = int(block_entries)
         self.dtype = np.dtype(dtype)
@@ -230,12 +246,29 @@ class PaSE(LayerSearch):
     def describe(self) -> dict[str, Any]:
         """:class:`LayerSearch`'s parameters, then ``max_entries``, ``block_entries``, ``dtype``."""
         return {**super().describe(), "max_entries": self.max_entries, "block_entries": self.block_entries,
-                "dtype": self.dtype.name}
+                "dtype": self.dtype.name, "budget_s": self.budget_s}
 
     def plan(self, graph: LayerGraph, cluster: Cluster, costs: CostModel) -> Plan:
         tables = self.tables(graph, cluster, costs)
         t0 = time.perf_counter()
-        idx, _, stats = vertex_elimination(tables, self.max_entries, self.block_entries, self.progress, self.dtype)
+        deadline = None if self.budget_s is None else t0 + float(self.budget_s)
+        try:
+            idx, _, stats = vertex_elimination(tables, self.max_entries, self.block_entries, self.progress, self.dtype, deadline)
+            complete = True
+        except (TableTooLarge, SearchBudgetExceeded) as why:
+            idx, stats = fallback(tables, str(why))
+            complete = False
         search_s = time.perf_counter() - t0
-        info = self.info(tables, idx, search_s, True, **stats)
+        info = self.info(tables, idx, search_s, complete, **stats)
         return Plan(graph, tables.strategy(idx, algo=self.name), info=info)
+
+
+def fallback(tables: LayerCostTables, why: str) -> tuple[np.ndarray, dict[str, Any]]:
+    """The answer of a search that could not finish: the best baseline in the space (else the
+    all-ones configuration, index 0 of every layer), with a lower bound of the optimum."""
+    seeds = seed_strategies(tables, SEEDS)
+    idx = seeds[0][1] if seeds else np.zeros(tables.num_nodes, dtype=np.int64)
+    value = tables.objective(idx)
+    bound = sum(float(c.min()) for c in tables.node_cost) + sum(float(m.min()) for m in tables.edge_cost if m.size)
+    return idx, {"fallback": why, "seeded_with": seeds[0][0] if seeds else "all-ones", "lower_bound_s": bound,
+                 "gap_to_lower_bound": (value - bound) / bound if bound > 0 else 0.0}

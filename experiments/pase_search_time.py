@@ -61,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         pb = problem(conf, "parametric", costs="pase", extra=[*parametric(p)[1:], *extra])
         row = {"model": m, "p": p, "layers": pb.graph.num_nodes, "batch": pb.batch}
         try:
-            r = run(PaSE(max_entries=int(a.max_entries)), pb, simulate_it=False)
+            r = run(PaSE(max_entries=int(a.max_entries), budget_s=None), pb, simulate_it=False)
             plan = r.pop("_plan")
+            if not r["search_complete"]:  # past max_entries: PaSE's answer is a baseline, not a search
+                raise TableTooLarge(plan.info.get("fallback", "incomplete"))
             plan.strategy.save(strategy_path(out, m, p))
             row.update({"pase_s": r["search_s"], "tables_s": r["tables_s"], "largest_table": r["largest_table"],
                         "configs_max": plan.info["configs_max"], "pase_objective_s": r["objective_s"], "pase": f"{r['search_s']:.3g} s"})

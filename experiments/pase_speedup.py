@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                 strat, source = s, f"{path.parent.name}/{path.name}"
         try:
             if strat is None:
-                plan = PaSE().plan(pb.graph, pb.cluster, pb.costs)
+                plan = PaSE(budget_s=None).plan(pb.graph, pb.cluster, pb.costs)
+                if not plan.info["search_complete"]:  # past max_entries: a baseline, not PaSE's answer
+                    raise TableTooLarge(plan.info.get("fallback", "incomplete"))
                 strat, source = plan.strategy, "searched"
             obj = evaluate(pb.graph, strat, pb.cluster, pb.costs)["objective_s"]
             sim = simulate(pb.graph, strat, pb.cluster, pb.costs)

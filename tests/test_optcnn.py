@@ -84,7 +84,7 @@ LAYER_ALGO_PARAMS = {
     "optcnn_dfs": {"name": "optcnn_dfs", "seed": 0, "space": None, "product": None, "cutoff": None, "mapping": "linear",
                    "budget_s": 60},
     "pase": {"name": "pase", "seed": 0, "space": None, "product": None, "cutoff": None, "mapping": "linear",
-             "max_entries": 268435456, "block_entries": 8388608, "dtype": "float64"},
+             "max_entries": 268435456, "block_entries": 8388608, "dtype": "float64", "budget_s": 60},
     "owt": {"name": "owt", "seed": 0, "devices": None, "mapping": "linear"},
     "model_parallel": {"name": "model_parallel", "seed": 0, "devices": None, "mapping": "linear"},
 }
@@ -270,12 +270,12 @@ def test_dfs_is_exact_and_reports_an_exhausted_budget(cl4, costs4):
 
 
 def test_a_budgeted_search_is_never_worse_than_the_best_baseline_in_its_space(cl4, costs4):
-    from algorithms.layer_fixed import data_parallel_dims, owt_dims
+    from algorithms.layer_fixed import SEEDS
     from algorithms.layer_tables import seed_strategies
 
     g = random_dag(7, 8, 1.0, **BIG)
     T = build_tables(g, cl4, costs4)
-    seeds = seed_strategies(T, {"data_parallel": data_parallel_dims, "owt": owt_dims})
+    seeds = seed_strategies(T, SEEDS)
     assert seeds, "data parallelism lies in OptCNN's space"
     best_seed = seeds[0][2]
     for plan in (OptCNNDFS(budget_s=0.0).plan(g, cl4, costs4), OptCNN(enum_limit=1, budget_s=0.0).plan(g, cl4, costs4)):

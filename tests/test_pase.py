@@ -200,6 +200,22 @@ def test_a_table_too_large_names_the_layer(cl4):
         vertex_elimination(T, max_entries=5)
 
 
+def test_a_search_past_its_table_limit_or_budget_returns_the_best_baseline_flagged(cl4):
+    from algorithms.layer_fixed import SEEDS
+    from algorithms.layer_tables import seed_strategies
+    from harness.core.costs import AnalyticalCostModel
+
+    g = random_dag(3, 7, 1.0)
+    costs = AnalyticalCostModel(cl4)
+    T = build_tables(g, cl4, costs)
+    best = seed_strategies(T, SEEDS)[0]
+    for algo in (PaSE(max_entries=5), PaSE(budget_s=0.0)):
+        info = algo.plan(g, cl4, costs).info
+        assert info["search_complete"] is False and info["seeded_with"] == best[0]
+        assert info["objective_s"] == pytest.approx(best[2]) and 0 <= info["lower_bound_s"] <= info["objective_s"]
+    assert "max_entries=5" in PaSE(max_entries=5).plan(g, cl4, costs).info["fallback"]
+
+
 def test_pase_plan_reports_its_largest_table(cl4):
     costs = PaseCostModel(cl4, cutoff=1)
     g = series_parallel(2, 8, B=16, C=64, L=32)
