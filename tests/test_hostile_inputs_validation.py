@@ -86,6 +86,8 @@ def takes_anything(**kwargs: Any) -> nn.Module:
 # ---------------------------------------------------------------------------- 1. model keys and batch size
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_config_builds_with_its_declared_keys(model: str) -> None:
+    if model == "hf":  # an optional extra (pip install -e '.[hf]'): tests/test_hf_models.py
+        pytest.importorskip("transformers")
     extra = {"custom": ["model.module._target_=tests.test_capture.Tiny"],
              "built": ["model.fn=harness.core.zoo.pase_graphs.alexnet"]}.get(model, [])
     source = built(f"model={model}", *extra)[0]
