@@ -111,6 +111,21 @@ INTROS = {
 }
 
 
+def save_search_time_plot(fig: Any, ax: Any, title: str, path: Path) -> None:
+    """Finish a search-time-against-p figure (log-log, processors on the x axis) and write it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("processors p")
+    ax.set_ylabel("search time (s)")
+    ax.set_title(title)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def write_readme(out: Path, title: str, sections: list[tuple[str, str]]) -> None:
     """Rewrite the section of README.md that belongs to one experiment (a ``## name`` block);
     the header (title and the paper's intro) is rewritten too."""

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from experiments._layerwise import RNNLM_LSTM, parametric, problem, run, write_readme
+from experiments._layerwise import RNNLM_LSTM, parametric, problem, run, save_search_time_plot, write_readme
 from experiments.common import experiment_args, models_of, output_dir, print_table, style
 
 MODELS = ("alexnet", "inception_v3", "transformer", "rnnlm")
@@ -99,15 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(lab.startswith(m + " ") for m in a.models) and x in a.ps:
             ax.scatter([x], [y], marker="*", s=60, color="grey", zorder=5)
             ax.annotate(lab, (x, y), fontsize=6, xytext=(-135, dy), textcoords="offset points", va="center")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("processors p")
-    ax.set_ylabel("search time (s)")
-    ax.set_title("PaSE vertex elimination vs FlexFlow MCMC (ours; stars: paper)")
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "search_time.png")
-    plt.close(fig)
+    save_search_time_plot(fig, ax, "PaSE vertex elimination vs FlexFlow MCMC (ours; stars: paper)", out / "search_time.png")
     cmd = "python -m experiments pase_search_time" + (" --quick" if a.quick else "")
     write_readme(out, "PaSE (Elango 2021): our results beside the paper's", [(
         "Search time against p (search_time.csv, search_time.png, strategies/)",
