@@ -120,19 +120,19 @@ def save_search_time_plot(fig: Any, ax: Any, title: str, path: Path) -> None:
     ax.set_xlabel("processors p")
     ax.set_ylabel("search time (s)")
     ax.set_title(title)
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the lines reach every corner
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def write_readme(out: Path, title: str, sections: list[tuple[str, str]]) -> None:
+def write_readme(out: Path, title: str, sections: list[tuple[str, str]], intro: str | None = None) -> None:
     """Rewrite the section of README.md that belongs to one experiment (a ``## name`` block);
-    the header (title and the paper's intro) is rewritten too."""
+    the header (title and ``intro``, by default the paper's) is rewritten too."""
     path = out / "README.md"
     text = path.read_text() if path.exists() else ""
     body = text[text.index("\n## ") + 1:] if "\n## " in text else ""
-    intro = INTROS["pase" if title.startswith("PaSE") else "optcnn"]
+    intro = intro or INTROS["pase" if title.startswith("PaSE") else "optcnn"]
     text = f"# {title}\n\n{intro}\n\n" + body
     for head, content in sections:
         marker = f"## {head}\n"
