@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     style()
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    fig, ax = plt.subplots(figsize=(8.5, 3.8))
     for i, m in enumerate(a.models):
         d = df[df["model"] == m]
         line, = ax.plot(d["p"], d["pase_s"], label=f"{m} PaSE")
