@@ -6,8 +6,8 @@ vertex elimination (algo=pase) and report its optimum in PaSE's unit (FLOPs) and
 PaSE's own figures come from running its ``scheduler.py``: with ``--pase-src DIR`` (a checkout of
 its repository) and ``--pase-python`` (an interpreter with its requirements), this experiment runs
 it for every point and records the results in ``pase_public_code.csv``; without, it reads that file
-from the output directory (the committed one under results/pase_parity), and a point it lacks is
-shown as not available.
+from the output directory, else the committed one under results/pase_parity, and a point it lacks
+is shown as not available.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._layerwise import problem, run, save_search_time_plot, write_readme
-from experiments.common import experiment_args, output_dir, print_table, style
+from experiments.common import RESULTS, experiment_args, output_dir, print_table, style
 
 GRAPHS = ("alexnet", "inception3", "rnnlm", "transformer")
 PS = (4, 8, 16, 32, 64)
@@ -195,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             keep = ~old.set_index(["graph", "p"]).index.isin(new.set_index(["graph", "p"]).index)
             new = pd.concat([old[keep], new], ignore_index=True)
         new.sort_values(["graph", "p"]).to_csv(pase_path, index=False)
-    pase = pd.read_csv(pase_path).set_index(["graph", "p"]) if pase_path.exists() else pd.DataFrame()
+    committed = RESULTS / "pase_parity" / PASE_CSV  # a --quick or --out run without --pase-src reads the committed figures
+    source = pase_path if pase_path.exists() else committed
+    pase = pd.read_csv(source).set_index(["graph", "p"]) if source.exists() else pd.DataFrame()
 
     rows = []
     for r in ours:
