@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -10,6 +12,7 @@ from torch import nn
 
 from harness.core.capture import TensorSpec
 from harness.core.cluster import Cluster, build_cluster
+from harness.core.errors import UserError
 from harness.core.graph import BATCHED, FORWARD, OpGraph
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,12 +59,38 @@ IMG = [TensorSpec((3, 8, 8))]
 LABEL = TensorSpec((), "int64", 10)
 
 
-def run_harness(*args: str, cwd: Path | None = None, timeout: float = 600) -> "subprocess.CompletedProcess[str]":
-    """``python -m harness ARGS`` in a subprocess (one-line errors: HYDRA_FULL_ERROR=0), from ``cwd`` (default the repo)."""
+def run_harness(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                timeout: float = 600) -> "subprocess.CompletedProcess[str]":
+    """``python -m harness ARGS`` in a subprocess as a user runs it (one-line errors: HYDRA_FULL_ERROR=0),
+    from ``cwd`` (default the repo), with ``env`` added to the environment."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd or REPO, env=env, capture_output=True, text=True,
+    full = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd or REPO, env=full, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def user_error(exc: BaseException) -> UserError:
+    """The UserError ``exc`` is or was caused by (Hydra's InstantiationException wraps it)."""
+    e: BaseException | None = exc
+    while e is not None and not isinstance(e, UserError):
+        e = e.__cause__
+    assert e is not None, f"not a user error: {type(exc).__name__}: {exc}"
+    return e
+
+
+def refused(fn: Callable[[], Any], *fragments: str, kind: type[UserError] = UserError) -> UserError:
+    """Run ``fn``; it must raise a ``kind`` whose message is one line and holds every fragment."""
+    import pytest
+
+    with pytest.raises(Exception) as info:
+        fn()
+    err = user_error(info.value)
+    assert isinstance(err, kind), f"{type(err).__name__} is not a {kind.__name__}: {err}"
+    msg = str(err)
+    assert "\n" not in msg, msg
+    for f in fragments:
+        assert f in msg, f"{f!r} not in {msg!r}"
+    return err

@@ -14,6 +14,7 @@ import pytest
 
 from experiments.common import needs_input
 from harness.run import CONTRACT_KEYS
+from tests.helpers import run_harness
 
 REPO = Path(__file__).resolve().parents[1]
 #: every registered algorithm but those that need an input (algo=from_file: algo.path), which
@@ -21,17 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 ALGOS = sorted(p.stem for p in (REPO / "conf" / "algo").glob("*.yaml") if not needs_input(p.stem))
 
 
-def harness(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def every_algorithm(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One ``python -m harness -m`` sweep over every registered algorithm (one process: the
     basic launcher runs the jobs in turn, so the model is captured once)."""
     sweep = tmp_path_factory.mktemp("every_algorithm")
-    r = harness("-m", "hydra/launcher=basic", f"algo={','.join(ALGOS)}", "model=lenet5", "cluster=p100x4",
+    r = run_harness("-m", "hydra/launcher=basic", f"algo={','.join(ALGOS)}", "model=lenet5", "cluster=p100x4",
                 f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${algo.name}")
     return sweep, r
 
@@ -54,7 +50,7 @@ def test_one_run_per_algorithm(algo, every_algorithm):
 
 
 def test_single_run_prints_the_summary(tmp_path):
-    r = harness("algo=m_topo", "model=lenet5", "cluster=p100x4", f"hydra.run.dir={tmp_path}")
+    r = run_harness("algo=m_topo", "model=lenet5", "cluster=p100x4", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     for k in ("model", "nodes", "devices", "algorithm", "search time", "step time", "lower bound", "OOM", "bytes moved"):
         assert k in r.stdout
@@ -65,26 +61,26 @@ def test_job_writes_only_into_its_output_dir(tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     out = tmp_path / "job"
-    r = harness("model=lenet5", "algo=single_device", f"hydra.run.dir={out}", cwd=cwd)
+    r = run_harness("model=lenet5", "algo=single_device", f"hydra.run.dir={out}", cwd=cwd)
     assert r.returncode == 0, r.stderr[-2000:]
     assert list(cwd.iterdir()) == []
 
 
 def test_unknown_option_lists_the_available_ones(tmp_path):
-    r = harness("model=no_such_model", f"hydra.run.dir={tmp_path}")
+    r = run_harness("model=no_such_model", f"hydra.run.dir={tmp_path}")
     assert r.returncode != 0
     assert "Could not find 'model/no_such_model'" in r.stderr
     assert "Available options" in r.stderr and "resnet50" in r.stderr
 
 
 def test_batch_size_override(tmp_path):
-    r = harness("model=lenet5", "model.batch_size=7", "algo=single_device", f"hydra.run.dir={tmp_path}")
+    r = run_harness("model=lenet5", "model.batch_size=7", "algo=single_device", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "result.json").read_text())["batch_size"] == 7
 
 
 def test_failed_job_leaves_an_error_record(tmp_path):
-    r = harness("model=from_file", "model.path=/nonexistent/graph.json", f"hydra.run.dir={tmp_path}")
+    r = run_harness("model=from_file", "model.path=/nonexistent/graph.json", f"hydra.run.dir={tmp_path}")
     assert r.returncode != 0
     err = json.loads((tmp_path / "error.json").read_text())
     assert "does not exist" in err["error"] and "model.path=/nonexistent/graph.json" in err["overrides"]
@@ -93,7 +89,7 @@ def test_failed_job_leaves_an_error_record(tmp_path):
 @pytest.mark.parametrize("launcher", ["basic", "joblib"])
 def test_multirun_and_collector(launcher, tmp_path):
     sweep = tmp_path / "sweep"
-    r = harness("-m", "model=lenet5", "algo=single_device,round_robin", f"hydra/launcher={launcher}",
+    r = run_harness("-m", "model=lenet5", "algo=single_device,round_robin", f"hydra/launcher={launcher}",
                 f"hydra.sweep.dir={sweep}", "output.gantt=false", "output.trace=false")
     assert r.returncode == 0, r.stderr[-3000:]
     c = subprocess.run([sys.executable, "-m", "harness.collect", str(sweep)], capture_output=True, text=True, cwd=REPO,
@@ -107,7 +103,7 @@ def test_multirun_and_collector(launcher, tmp_path):
 
 def test_synthetic_and_from_file_models(tmp_path):
     out = tmp_path / "syn"
-    r = harness("model=synthetic", "model.nodes=300", "model.ccr=0.5", "algo=round_robin", f"hydra.run.dir={out}")
+    r = run_harness("model=synthetic", "model.nodes=300", "model.ccr=0.5", "algo=round_robin", f"hydra.run.dir={out}")
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads((out / "result.json").read_text())
     assert row["graph_nodes"] == 300 and row["model"] == "synthetic_n300_ccr0.5"
@@ -117,7 +113,7 @@ def test_synthetic_and_from_file_models(tmp_path):
     p = tmp_path / "g.json"
     SyntheticGraph(nodes=50, seed=3).op_graph().save(p)
     out2 = tmp_path / "file"
-    r = harness("model=from_file", f"model.path={p}", "algo=m_topo", f"hydra.run.dir={out2}")
+    r = run_harness("model=from_file", f"model.path={p}", "algo=m_topo", f"hydra.run.dir={out2}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((out2 / "result.json").read_text())["graph_nodes"] == 50
 
@@ -125,7 +121,7 @@ def test_synthetic_and_from_file_models(tmp_path):
 def test_same_config_same_result_bit_for_bit(tmp_path):
     rows = []
     for k in range(2):
-        r = harness("model=synthetic", "model.nodes=200", "algo=m_topo", f"hydra.run.dir={tmp_path / str(k)}", "output.gantt=false")
+        r = run_harness("model=synthetic", "model.nodes=200", "algo=m_topo", f"hydra.run.dir={tmp_path / str(k)}", "output.gantt=false")
         assert r.returncode == 0, r.stderr[-2000:]
         rows.append(json.loads((tmp_path / str(k) / "result.json").read_text()))
     keys = ("step_time_s", "lower_bound_s", "comm_bytes", "peak_memory_bytes", "device_busy_s")
@@ -134,12 +130,12 @@ def test_same_config_same_result_bit_for_bit(tmp_path):
 
 
 def test_custom_model_from_any_factory(tmp_path):
-    r = harness("model=custom", "model.module._target_=tests.test_capture.Tiny", "model.image_size=8", "model.target.high=10",
+    r = run_harness("model=custom", "model.module._target_=tests.test_capture.Tiny", "model.image_size=8", "model.target.high=10",
                 "model.batch_size=4", "algo=data_parallel", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads((tmp_path / "result.json").read_text())
     assert row["model"] == "custom" and row["num_tasks"]["collective"] > 0
-    missing = harness("model=custom", f"hydra.run.dir={tmp_path / 'm'}")
+    missing = run_harness("model=custom", f"hydra.run.dir={tmp_path / 'm'}")
     assert missing.returncode != 0 and "model.module._target_" in missing.stderr
 
 
@@ -147,7 +143,7 @@ def test_sweep_resumes_and_survives_a_failed_job(tmp_path):
     sweep = tmp_path / "sweep"
     args = ("-m", "model=lenet5", "algo=m_topo", "algo.coloc_memory=first,bogus,all", f"hydra.sweep.dir={sweep}",
             "output.gantt=false", "output.trace=false")
-    r = harness(*args)
+    r = run_harness(*args)
     assert r.returncode == 1, r.stderr[-3000:]  # a sweep with a failed job fails, after running the others
     assert r.stdout.strip().splitlines()[-1] == "2 ok, 1 failed, 0 skipped"
     results = sorted(sweep.glob("*/result.json"))
@@ -156,7 +152,7 @@ def test_sweep_resumes_and_survives_a_failed_job(tmp_path):
     err = json.loads(errors[0].read_text())
     assert "coloc_memory" in err["error"] and "Traceback" in err["traceback"]
     stamp = {f: f.stat().st_mtime_ns for f in results}
-    again = harness(*args)
+    again = run_harness(*args)
     assert again.returncode == 1 and again.stdout.strip().splitlines()[-1] == "0 ok, 1 failed, 2 skipped"
     assert again.stderr.count("skipping: this config") + again.stdout.count("skipping: this config") == 2
     assert {f: f.stat().st_mtime_ns for f in results} == stamp  # finished jobs were not redone

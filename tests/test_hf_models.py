@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,13 +18,12 @@ import torch
 
 from harness.compose import compose
 from harness.core.capture import CaptureError
-from harness.core.errors import UserError
 from harness.core import hf
 from harness.core.graph import BACKWARD, FORWARD, UPDATE
 from harness.core.models import ModelConfigError
 from harness.run import build
+from tests.helpers import REPO, refused, run_harness
 
-REPO = Path(__file__).resolve().parents[1]
 #: a one-layer GPT-2, 32 wide, 100 tokens, 16 per sample, batch 4
 TINY_GPT2 = ["model=hf", "model.arch=gpt2", "+model.config.n_layer=1", "+model.config.n_embd=32", "+model.config.n_head=2",
              "+model.config.vocab_size=100", "model.seq_len=16", "model.batch_size=4"]
@@ -42,34 +40,6 @@ def transformers() -> Any:
     return pytest.importorskip("transformers")
 
 
-def harness(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m harness *args`` as a user runs it (one-line errors)."""
-    full = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=REPO, env=full, capture_output=True, text=True, timeout=600)
-
-
-def user_error(exc: BaseException) -> UserError:
-    """The UserError ``exc`` is or was caused by (Hydra's InstantiationException wraps it)."""
-    e: BaseException | None = exc
-    while e is not None and not isinstance(e, UserError):
-        e = e.__cause__
-    assert e is not None, f"not a user error: {type(exc).__name__}: {exc}"
-    return e
-
-
-def refused(fn: Callable[[], Any], *fragments: str, kind: type[UserError] = UserError) -> str:
-    """Run ``fn``; it must raise a ``kind`` whose message is one line holding every fragment."""
-    with pytest.raises(Exception) as info:
-        fn()
-    err = user_error(info.value)
-    assert isinstance(err, kind), f"{type(err).__name__} is not a {kind.__name__}: {err}"
-    msg = str(err)
-    assert "\n" not in msg, msg
-    for f in fragments:
-        assert f in msg, f"{f!r} not in {msg!r}"
-    return msg
-
-
 def source(*overrides: str) -> Any:
     """The graph source of the composed config."""
     return build(compose(list(overrides)))[0]
@@ -78,7 +48,7 @@ def source(*overrides: str) -> Any:
 # ---------------------------------------------------------------------------- end to end
 def test_cli_runs_a_tiny_gpt2_on_both_graph_levels(transformers: Any, tmp_path: Path) -> None:
     """One sweep (one process): an operator-graph algorithm (FD-DPS) and a layer-graph one (OptCNN)."""
-    r = harness("-m", "hydra/launcher=basic", "algo=fddps,optcnn", *TINY_GPT2, *QUIET, f"hydra.sweep.dir={tmp_path}",
+    r = run_harness("-m", "hydra/launcher=basic", "algo=fddps,optcnn", *TINY_GPT2, *QUIET, f"hydra.sweep.dir={tmp_path}",
                 "hydra.sweep.subdir=${algo.name}")
     assert r.returncode == 0, r.stderr[-3000:]
     for algo in ("fddps", "optcnn"):
@@ -122,7 +92,7 @@ def test_caches_are_off_and_the_context_length_is_the_default_seq_len(transforme
 
 # ---------------------------------------------------------------------------- one-line errors
 def test_a_misspelt_key_is_one_line_naming_it(transformers: Any, tmp_path: Path) -> None:
-    r = harness(*TINY_GPT2, "+model.config.n_layerz=2", "algo=single_device", *QUIET, f"hydra.run.dir={tmp_path}")
+    r = run_harness(*TINY_GPT2, "+model.config.n_layerz=2", "algo=single_device", *QUIET, f"hydra.run.dir={tmp_path}")
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         "error: model.config.n_layerz is not a key of the gpt2 config (GPT2Config): did you mean n_layer?"]
@@ -137,7 +107,7 @@ def test_a_misspelt_key_is_one_line_naming_it(transformers: Any, tmp_path: Path)
 
 def test_without_transformers_model_hf_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
-    msg = refused(lambda: source(*TINY_GPT2), "transformers", "pip install -e '.[hf]'", kind=hf.TransformersMissing)
+    msg = str(refused(lambda: source(*TINY_GPT2), "transformers", "pip install -e '.[hf]'", kind=hf.TransformersMissing))
     assert msg.startswith("model=hf needs")
 
 
@@ -145,8 +115,8 @@ def test_without_transformers_the_command_line_says_it_in_one_line(tmp_path: Pat
     shim = tmp_path / "shim" / "transformers"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ImportError('No module named transformers')\n")
-    r = harness(*TINY_GPT2, "algo=single_device", *QUIET, f"hydra.run.dir={tmp_path / 'job'}",
-                env={"PYTHONPATH": f"{shim.parent}{os.pathsep}{REPO}"})
+    r = run_harness(*TINY_GPT2, "algo=single_device", *QUIET, f"hydra.run.dir={tmp_path / 'job'}",
+                    env={"PYTHONPATH": f"{shim.parent}{os.pathsep}{REPO}"})
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: model=hf needs") and "pip install -e '.[hf]'" in lines[0], r.stderr
@@ -156,9 +126,9 @@ def test_a_trace_failure_names_the_model_and_the_usual_fixes(transformers: Any, 
     fixes = ("++model.config.use_cache=false", "++model.config.attn_implementation=eager", "model.seq_len=N",
              "++model.config.output_attentions=false", "++model.config.output_hidden_states=false")
     # a cache (the step concatenates onto a tensor that is no fake one)
-    msg = refused(lambda: source(*TINY_GPT2, "++model.config.use_cache=true").op_graph(batch_probe=False),
-                  "model 'gpt2' (transformers gpt2)", "could not be captured", "this config turns the cache on", *fixes,
-                  kind=CaptureError)
+    msg = str(refused(lambda: source(*TINY_GPT2, "++model.config.use_cache=true").op_graph(batch_probe=False),
+                      "model 'gpt2' (transformers gpt2)", "could not be captured", "this config turns the cache on", *fixes,
+                      kind=CaptureError))
     assert len(msg) < 1500
     # data-dependent control flow (a branch on a tensor's value), in either graph
     def branchy(self: Any, input_ids: torch.Tensor) -> torch.Tensor:

@@ -38,33 +38,11 @@ from harness.core.errors import ProfileError
 from harness.core.profiled import ProfiledCostModel
 from harness.run import build
 from harness.core.strategy import ParallelConfig, Strategy, StrategyError
-from tests.helpers import DEVICE, make_cluster, make_graph
+from tests.helpers import DEVICE, make_cluster, make_graph, refused, user_error
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml") if p.stem != "from_file")  # from_file: below
 INTRA = {"topology": "mesh", "cls": "nvlink", "bw_GBps": 10.0, "lat_us": 5.0}
-
-
-def user_error(exc: BaseException) -> UserError:
-    """The UserError ``exc`` is or was caused by (Hydra's InstantiationException wraps it)."""
-    e: BaseException | None = exc
-    while e is not None and not isinstance(e, UserError):
-        e = e.__cause__
-    assert e is not None, f"not a user error: {type(exc).__name__}: {exc}"
-    return e
-
-
-def refused(fn: Callable[[], Any], *fragments: str, kind: type[UserError] = UserError) -> UserError:
-    """Run ``fn``; it must raise a ``kind`` whose message is one line and holds every fragment."""
-    with pytest.raises(Exception) as info:
-        fn()
-    err = user_error(info.value)
-    assert isinstance(err, kind), f"{type(err).__name__} is not a {kind.__name__}: {err}"
-    msg = str(err)
-    assert "\n" not in msg, msg
-    for f in fragments:
-        assert f in msg, f"{f!r} not in {msg!r}"
-    return err
 
 
 def built(*overrides: str) -> Any:
