@@ -118,18 +118,20 @@ class PaseTables:
         return dict(self.edges)
 
 
-def solve_pase_tables(src: Path, python: str, graph: str, p: int, tmp: Path) -> float:
+def solve_pase_tables(src: Path, python: str, graph: str, p: int) -> float:
     """The optimum of PaSE's own cost tables for (graph, p), built by its code and solved by our
     exact vertex elimination: PaSE's problem where its scheduler cannot run (memory)."""
+    import tempfile
+
     from algorithms.pase import vertex_elimination
 
-    path = tmp / f"{graph}_p{p}.npz"
-    proc = subprocess.run([python, "-c", _TABLES_DRIVER, graph, str(p), str(path)], cwd=src, capture_output=True, text=True)
-    if proc.returncode != 0:
-        return math.nan
-    with np.load(path) as arrays:
-        _, value, _ = vertex_elimination(PaseTables(arrays))  # type: ignore[arg-type]
-    path.unlink()
+    with tempfile.TemporaryDirectory(prefix="pase-tables-") as tmp:
+        path = Path(tmp) / f"{graph}_p{p}.npz"
+        proc = subprocess.run([python, "-c", _TABLES_DRIVER, graph, str(p), str(path)], cwd=src, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return math.nan
+        with np.load(path) as arrays:
+            _, value, _ = vertex_elimination(PaseTables(arrays))  # type: ignore[arg-type]
     return value
 
 
@@ -180,14 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         old = pd.read_csv(pase_path).set_index(["graph", "p"])
         for g, p in tqdm(points, desc="PaSE's cost tables", unit="point"):
             if (g, p) in old.index:
-                old.loc[(g, p), "tables_optimum"] = solve_pase_tables(a.pase_src, a.pase_python, g, p, out)
+                old.loc[(g, p), "tables_optimum"] = solve_pase_tables(a.pase_src, a.pase_python, g, p)
         old.reset_index().to_csv(pase_path, index=False)
     elif a.pase_src is not None:
         env = pase_environment(a.pase_src, a.pase_python)
         rows = []
         for g, p in tqdm(points, desc="PaSE's public code", unit="point"):
             row = run_pase(a.pase_src, a.pase_python, g, p, a.pase_timeout, out / "pase_logs")
-            row["tables_optimum"] = solve_pase_tables(a.pase_src, a.pase_python, g, p, out)
+            row["tables_optimum"] = solve_pase_tables(a.pase_src, a.pase_python, g, p)
             rows.append({**row, **env})
         old = pd.read_csv(pase_path) if pase_path.exists() else pd.DataFrame()
         new = pd.DataFrame(rows)

@@ -109,4 +109,4 @@ def test_pases_own_cost_tables_are_read_and_solved_exactly(tmp_path):
         "    idx = pd.MultiIndex.from_product([[0, 1], [0, 1]])\n"
         "    G.add_edge(0, 1, costs=pd.Series([0.0, 10.0, 10.0, 0.0], index=idx))\n"
         "    return G\n")
-    assert solve_pase_tables(src, sys.executable, "toy", 4, tmp_path) == 5.0  # (0, 0): 1 + 4 + 0
+    assert solve_pase_tables(src, sys.executable, "toy", 4) == 5.0  # (0, 0): 1 + 4 + 0
