@@ -76,10 +76,27 @@ def config_dims(lg: LayerGraph, v: int, opts: SpaceOptions) -> tuple[str, ...]:
     return tuple(lg.parallel_dims[v]) if opts.space == "optcnn" else pase_domain(lg, v)
 
 
-def enumerate_configs(lg: LayerGraph, v: int, num_devices: int, opts: SpaceOptions) -> tuple[tuple[str, ...], np.ndarray]:
-    """Every configuration of node v: ``(dims, degrees [C, len(dims)])``, the all-ones config first."""
+def enumerate_configs(lg: LayerGraph, v: int, num_devices: int, opts: SpaceOptions,
+                      memo: dict[tuple, tuple[tuple[str, ...], np.ndarray]] | None = None) -> tuple[tuple[str, ...], np.ndarray]:
+    """Every configuration of node v: ``(dims, degrees [C, len(dims)])``, the all-ones config first.
+    With ``memo``, layers whose dims and sizes the space sees alike share one (read-only) array."""
     dims = config_dims(lg, v, opts)
     N = int(num_devices)
+    if memo is None:
+        return dims, _enumerate(lg, v, dims, N, opts)
+    contiguous = opts.space == "pase" and bool(lg.attrs[v].get("contiguous"))
+    # OptCNN's space sees a size only up to the device count; PaSE's divisors see all of it
+    seen = (min(int(lg.dims[v][d]), N) if opts.space == "optcnn" else int(lg.dims[v][d]) for d in dims)
+    key = (dims, tuple(seen), N, opts, tuple(lg.dims[v].items()) if contiguous else None)
+    hit = memo.get(key)
+    if hit is None:
+        deg = _enumerate(lg, v, dims, N, opts)
+        deg.setflags(write=False)
+        hit = memo[key] = (dims, deg)
+    return hit
+
+
+def _enumerate(lg: LayerGraph, v: int, dims: tuple[str, ...], N: int, opts: SpaceOptions) -> np.ndarray:
     choices = []
     for d in dims:
         size = int(lg.dims[v][d])
@@ -108,7 +125,7 @@ def enumerate_configs(lg: LayerGraph, v: int, num_devices: int, opts: SpaceOptio
     deg = np.asarray(out, dtype=np.int64).reshape(len(out), len(dims))
     if len(deg) == 0:  # pragma: no cover - the all-ones config always fits
         raise ConfigSpaceError(f"layer {lg.names[v]} ({lg.kinds[v]}) has no valid configuration for {N} devices")
-    return dims, deg
+    return deg
 
 
 def _contiguous(sizes: dict[str, int], degree: dict[str, int]) -> bool:

@@ -16,7 +16,7 @@ sets the configuration space a search takes when it does not name one
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -40,12 +40,15 @@ class LayerCostModel(Protocol):
     #: the key of the summed edge costs in :func:`evaluate`: ``"t_X"`` or ``"t_E"``
     edge_part: str
 
-    def node_costs(self, grid: ShardGrid) -> dict[str, np.ndarray]:
-        """The parts of the node cost (t_C, t_S, t_R; or t_V), each ``[C]``; the node cost is their sum."""
+    def node_costs(self, grids: Sequence[ShardGrid]) -> list[dict[str, np.ndarray]]:
+        """Per grid, the parts of its node's cost (t_C, t_S, t_R; or t_V), each ``[C]``; the node
+        cost is their sum. All nodes in one call, so that a model can batch them."""
         ...
 
-    def edge_costs(self, e: int, gu: ShardGrid, gv: ShardGrid) -> tuple[np.ndarray, np.ndarray]:
-        """``(seconds, bytes moved forward)`` of edge e for every config pair: ``[Cu, Cv]`` each."""
+    def edge_costs(self, grids: Sequence[ShardGrid], progress: Callable[[int], Any] | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per edge, ``(seconds, bytes moved forward)`` for every config pair: ``[Cu, Cv]`` each.
+        All edges in one call, so that a model can batch them; ``progress(n)`` is told as n
+        more edges are done."""
         ...
 
     def table_meta(self) -> dict[str, Any]:
@@ -86,16 +89,13 @@ def evaluate(lg: LayerGraph, strategy: Strategy, cluster: Cluster, costs: CostMo
     grids = [make_grid(lg, v, dims[v], degs[v], devs[v]) for v in range(lg.num_nodes)]
     out: dict[str, Any] = {}
     total = 0.0
-    for v in range(lg.num_nodes):
-        for k, arr in model.node_costs(grids[v]).items():
+    for parts in model.node_costs(grids):
+        for k, arr in parts.items():
             out[k] = out.get(k, 0.0) + float(arr[0])
             total += float(arr[0])
-    tx = 0.0
-    moved = 0.0
-    for e in range(lg.num_edges):
-        t, b = model.edge_costs(e, grids[int(lg.src[e])], grids[int(lg.dst[e])])
-        tx += float(t[0, 0])
-        moved += float(b[0, 0])
+    times, nbytes = model.edge_costs(grids)
+    tx = sum(float(t[0, 0]) for t in times)
+    moved = sum(float(b[0, 0]) for b in nbytes)
     out[model.edge_part] = tx
     out["objective_s"] = total + tx
     out["moved_bytes"] = moved

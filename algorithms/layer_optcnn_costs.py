@@ -1,11 +1,12 @@
 """OptCNN's cost functions of a layer graph's configurations (OptCNN Eq. 1), computed with the
 job's time cost model (``costs=analytical``, and every cost model but ``costs=pase``).
 
-Node cost vectors and edge cost matrices, in seconds, for every configuration (pair) at once:
+Node cost vectors and edge cost matrices, in seconds, for every configuration (pair) of every
+layer at once:
 
 * t_C(v, c): the slowest shard's forward + backward time from the CostModel
-  (:meth:`harness.core.costs.AnalyticalCostModel.layer_times`); a shard does the fraction of the
-  iteration domain its ranges cover.
+  (:meth:`harness.core.costs.AnalyticalCostModel.layer_times`, one call for every layer and
+  configuration); a shard does the fraction of the iteration domain its ranges cover.
 * t_S(v, c): parameter synchronisation after back propagation. Shards that cover the same
   part of the weights (they differ only in dims that do not index the weights: sample,
   height, width, length) hold replicas; each replica group synchronises its part of the
@@ -14,61 +15,26 @@ Node cost vectors and edge cost matrices, in seconds, for every configuration (p
   RNN) counts 1/r at each.
 * t_R(v, c): only for splits of reduction dims (PaSE's space under analytical costs): the
   all-reduce that completes the partial sums of each output part, forward.
-* t_X(e, c_u, c_v): the bytes of every consumer shard's input region (halos of convolutions
-  and pools included, :meth:`harness.core.layergraph.LayerGraph.in_region`) that no producer shard
-  on its device wrote, sent by the producer shards that wrote them, forward, and the matching
-  gradients back, backward. Our reading of "the time to transfer the input tensors ... using
-  the size of the data to be moved and the known communication bandwidth": the transfers of
-  one edge run concurrently and each link of the cluster carries its share, so a direction
-  takes ``max over links (bytes on the link / its bandwidth)`` plus the slowest route's
-  latency. On OptCNN's device graph (a link per device pair) this is the largest single
-  transfer; where GPUs share a NIC it counts the contention.
+* t_X(e, c_u, c_v): :mod:`algorithms.layer_transfers`.
+
+The replica groups of a configuration depend only on its degrees and devices, which most
+layers share, so they are found once per distinct grid, and the all-reduces of every layer
+over one group of devices are one vectorised call of the cost model.
 """
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from algorithms.layer_configs import SpaceOptions
+from algorithms.layer_transfers import TransferCosts
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
-from harness.core.layer_shards import (
-    OUTPUT,
-    REDUCTION,
-    REPLICATED,
-    ShardGrid,
-    edge_itemsize,
-    in_boxes,
-    out_boxes,
-    overlap_elements,
-    param_dim_names,
-    remote_elements,
-    sync_bytes,
-)
+from harness.core.layer_shards import OUTPUT, REDUCTION, REPLICATED, ShardGrid, param_dim_names, sync_bytes
 from harness.core.layergraph import LayerGraph
 
-#: (latency, indices of the device pairs whose route has it), one entry per distinct latency > 0
-LatencyGroups = list[tuple[float, np.ndarray]]
-
-
-class RouteLinks:
-    """Link incidence of a cluster's routes, for the per-link load of a set of transfers:
-    ``w[i, j, l]`` is 1 / bandwidth of link l when the route i -> j uses it (else 0), ``lat[i, j]``
-    the route's latency."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        D, L = cluster.num_devices, len(cluster.links)
-        inc = np.zeros((D, D, L))
-        inv_bw = np.array([1.0 / l.bw for l in cluster.links]) if L else np.zeros(0)
-        for i in range(D):
-            for j in range(D):
-                for l in cluster.routes[i][j]:
-                    inc[i, j, l] = inv_bw[l]
-        self.w = inc
-        self.lat = cluster.route_lat
 
 
 class OptCNNLayerCosts:
@@ -84,12 +50,18 @@ class OptCNNLayerCosts:
         self.lg = lg
         self.cluster = cluster
         self.costs = costs
-        self.links = RouteLinks(cluster)
         self.sync = sync_bytes(lg)
-        self.edge_cache: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
-        self.ar_cache: dict[tuple[float, tuple[int, ...]], float] = {}
-        self.group_cache: dict[tuple, list[tuple[int, ...]]] = {}
-        self.route_cache: dict[tuple, Any] = {}
+        self.transfers = TransferCosts(lg, cluster)
+        #: a representative device of each device kind, and each device's kind number
+        self.kinds: dict[str, int] = {}
+        for d in range(cluster.num_devices):
+            self.kinds.setdefault(cluster.devices[d].spec.kind, d)
+        names = list(self.kinds)
+        self.kind_of = np.array([names.index(dev.spec.kind) for dev in cluster.devices], dtype=np.int64)
+        self.group_cache: dict[tuple, dict[tuple[int, ...], np.ndarray]] = {}
+        self.config_group_cache: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+        self.frac_cache: dict[tuple, np.ndarray] = {}
+        self.share_cache: dict[tuple, tuple] = {}
 
     @classmethod
     def default_options(cls, lg: LayerGraph, costs: CostModel, space: str | None, product: str | None,
@@ -103,172 +75,169 @@ class OptCNNLayerCosts:
 
     def table_meta(self) -> dict[str, Any]:
         """What :class:`algorithms.layer_tables.LayerCostTables` records of the build."""
-        return {"edge_cache_entries": len(self.edge_cache)}
+        return self.transfers.meta()
 
     def objective_extras(self, objective_s: float) -> dict[str, Any]:
         """Nothing beyond seconds."""
         return {}
 
     # ------------------------------------------------------------------ node costs
-    def allreduce(self, nbytes: float, devs: tuple[int, ...]) -> float:
-        """The cost model's all-reduce of ``nbytes`` among ``devs``, memoised."""
-        key = (nbytes, devs)
-        t = self.ar_cache.get(key)
-        if t is None:
-            t = self.ar_cache[key] = float(self.costs.allreduce_time(nbytes, list(devs)))
-        return t
+    def node_costs(self, grids: Sequence[ShardGrid]) -> list[dict[str, np.ndarray]]:
+        """t_C, t_S and t_R of every config of each grid's node, in seconds."""
+        lg = self.lg
+        t_c = self.compute_times(grids)
+        sync_nb: list[np.ndarray | None] = []
+        sync_keys: list[np.ndarray] = []
+        red_nb: list[np.ndarray | None] = []
+        red_keys: list[np.ndarray] = []
+        for g in grids:
+            v = g.node
+            pk, P, outk, split, part = self.shard_shares(g, param_dim_names(lg, v))
+            # t_S: replica groups over the dims that do not index the weights, each syncing its 1/P
+            sb = float(self.sync[v])
+            sync_nb.append(sb / P if sb > 0 else None)
+            sync_keys.append(pk)
+            # t_R: a REDUCTION split's partial sums, completed per output part
+            red_nb.append(None if split is None else np.where(split, float(lg.out_bytes[v]) * part, 0.0))
+            red_keys.append(outk)
+        t_s = self.max_group_allreduce(grids, sync_keys, sync_nb)
+        t_r = self.max_group_allreduce(grids, red_keys, red_nb)
+        return [{"t_C": a, "t_S": b, "t_R": c} for a, b, c in zip(t_c, t_s, t_r)]
 
-    def node_costs(self, grid: ShardGrid) -> dict[str, np.ndarray]:
-        """t_C, t_S and t_R of node ``grid.node`` for every config of the grid, in seconds."""
-        lg, v = self.lg, grid.node
-        C = grid.num_configs
-        # t_C: the slowest shard's fraction of the domain (REPLICATED dims do the whole of it)
-        sizes = np.array([lg.dims[v].get(d, 1) for d in grid.dims], dtype=np.float64)
-        split = grid.roles != REPLICATED
-        if len(sizes):
-            frac_s = np.prod(np.where(split[None, None, :], (grid.hi - grid.lo) / sizes[None, None, :], 1.0), axis=2)
-        else:
-            frac_s = np.ones(grid.valid.shape)
-        frac = np.where(grid.valid, frac_s, 0.0).max(axis=1)
-        t_c = np.zeros(C)
-        kinds: dict[str, int] = {}
-        for d in range(self.cluster.num_devices):
-            kinds.setdefault(self.cluster.devices[d].spec.kind, d)
-        for kind, rep in kinds.items():
-            f, b = self.costs.layer_times(lg, rep, frac, nodes=np.full(C, v))
-            if len(kinds) == 1:
-                t_c = f + b
-            else:
-                uses = np.array([any(self.cluster.devices[x].spec.kind == kind for x in row[row >= 0]) for row in grid.devices])
-                t_c = np.maximum(t_c, np.where(uses, f + b, 0.0))
-        # t_S: replica groups over the dims that do not index the weights
-        t_s = np.zeros(C)
-        sb = float(self.sync[v])
-        pdims = param_dim_names(lg, v)
-        if sb > 0:
-            pk = [k for k, d in enumerate(grid.dims) if d in pdims]
-            for c in range(C):
-                s = int(grid.nshards[c])
-                if s <= 1:
-                    continue
-                P = int(np.prod(grid.degrees[c, pk])) if pk else 1
-                if P == s:
-                    continue
-                key = grid.lo[c, :s][:, pk] if pk else np.zeros((s, 0), dtype=np.int64)
-                t_s[c] = self.max_group_allreduce(key, grid.devices[c, :s], sb / P)
-        # t_R: partial sums of a REDUCTION split, completed by an all-reduce per output part
-        t_r = np.zeros(C)
-        red = grid.roles == REDUCTION
-        if red.any():
-            outk = np.flatnonzero(grid.roles == OUTPUT)
-            out_b = float(lg.out_bytes[v])
-            osizes = sizes[outk]
-            for c in np.flatnonzero((grid.degrees[:, red] > 1).any(axis=1)).tolist():
-                s = int(grid.nshards[c])
-                part_frac = float(np.prod(np.ceil(osizes / grid.degrees[c, outk]) / osizes)) if len(outk) else 1.0
-                key = grid.lo[c, :s][:, outk]
-                t_r[c] = self.max_group_allreduce(key, grid.devices[c, :s], out_b * part_frac)
-        return {"t_C": t_c, "t_S": t_s, "t_R": t_r}
-
-    def max_group_allreduce(self, key: np.ndarray, devs: np.ndarray, nbytes: float) -> float:
-        """Slowest all-reduce of ``nbytes`` among the groups of shards with equal ``key`` rows."""
-        ck = (key.tobytes(), key.shape, devs.tobytes())
-        groups = self.group_cache.get(ck)
-        if groups is None:
-            _, gid = np.unique(key, axis=0, return_inverse=True)
-            gid = np.asarray(gid).reshape(-1)
-            groups = [tuple(int(x) for x in devs[gid == g]) for g in range(int(gid.max()) + 1)]
-            groups = self.group_cache[ck] = [g for g in groups if len(g) > 1]
-        return max((self.allreduce(nbytes, g) for g in groups), default=0.0)
-
-    # ------------------------------------------------------------------ edge costs
-    def route_matrices(self, du: tuple[int, ...], dv: tuple[int, ...]) -> tuple[Any, LatencyGroups, LatencyGroups]:
-        """For producer devices ``du`` and consumer devices ``dv``: the sparse [2L, |du| |dv|] matrix
-        whose row l (l + L) holds 1 / bandwidth of link l for every pair whose forward (backward)
-        route uses it, and the pairs of each distinct forward (backward) route latency."""
-        key = (du, dv)
-        hit = self.route_cache.get(key)
+    def shard_shares(self, g: ShardGrid, pdims: frozenset[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """Per config of ``g``: the positions of the weight-indexing dims ``pdims`` and the parts
+        P the weights are split into; the positions of the OUTPUT dims, which configs split a
+        REDUCTION dim (None if none does) and the fraction of the output a part is. Cached
+        per grid key."""
+        ck = (g.key, pdims) if g.key else None
+        hit = self.share_cache.get(ck) if ck is not None else None
         if hit is not None:
             return hit
-        import scipy.sparse as sp
-
-        links = self.links
-        L = links.w.shape[2]
-        ia, ib = np.asarray(du), np.asarray(dv)
-        wf = links.w[ia[:, None], ib[None, :]].reshape(-1, L)
-        wb = links.w[ib[None, :], ia[:, None]].reshape(-1, L)
-        wt = sp.csr_matrix(np.concatenate([wf, wb], axis=1).T)
-        lat_f = links.lat[ia[:, None], ib[None, :]].reshape(-1)
-        lat_b = links.lat[ib[None, :], ia[:, None]].reshape(-1)
-        by_f = [(float(x), np.flatnonzero(lat_f == x)) for x in np.unique(lat_f) if x > 0]
-        by_b = [(float(x), np.flatnonzero(lat_b == x)) for x in np.unique(lat_b) if x > 0]
-        hit = self.route_cache[key] = (wt, by_f, by_b)
+        pk = np.array([k for k, d in enumerate(g.dims) if d in pdims], dtype=np.int64)
+        P = np.prod(g.degrees[:, pk], axis=1) if len(pk) else np.ones(g.num_configs, dtype=np.int64)
+        red = g.roles == REDUCTION
+        outk = np.flatnonzero(g.roles == OUTPUT)
+        split = (g.degrees[:, red] > 1).any(axis=1) if red.any() else None
+        if split is not None and not split.any():
+            split = None
+        part = np.ones(g.num_configs)
+        if split is not None and len(outk):
+            osizes = np.array([self.lg.dims[g.node].get(g.dims[k], 1) for k in outk], dtype=np.float64)
+            part = np.prod(np.ceil(osizes / g.degrees[:, outk]) / osizes, axis=1)
+        hit = (pk, P, outk, split, part)
+        if ck is not None:
+            self.share_cache[ck] = hit
         return hit
 
-    def transfer_time(self, T: np.ndarray, dev_u: np.ndarray, dev_v: np.ndarray) -> np.ndarray:
-        """Forward + backward time of the transfers ``T`` [Cu, Su, Cv, Sv] (bytes), per config pair:
-        per direction the most loaded link's bytes over its bandwidth, plus the slowest route's latency."""
-        links = self.links
-        Cu, Su, Cv, Sv = T.shape
-        out = np.zeros((Cu, Cv))
-        if not T.any():
-            return out
-        rows_u: dict[tuple[int, ...], list[int]] = {}
-        for c in range(Cu):
-            rows_u.setdefault(tuple(int(x) for x in dev_u[c] if x >= 0), []).append(c)
-        rows_v: dict[tuple[int, ...], list[int]] = {}
-        for c in range(Cv):
-            rows_v.setdefault(tuple(int(x) for x in dev_v[c] if x >= 0), []).append(c)
-        L = links.w.shape[2]
-        for du, ru in rows_u.items():
-            a = len(du)
-            Tu = T[ru, :a]  # [nu, a, Cv, Sv]
-            for dv, rv in rows_v.items():
-                b = len(dv)
-                # pairs (i, j) as rows, config pairs as columns
-                x = Tu[:, :, rv, :b].transpose(1, 3, 0, 2).reshape(a * b, len(ru) * len(rv))
-                if not x.any():
-                    continue
-                wt, by_f, by_b = self.route_matrices(du, dv)
-                loads = wt @ x  # [2L, configs]
-                t = loads[:L].max(axis=0) + loads[L:].max(axis=0) if L else np.zeros(x.shape[1])
-                lf = np.zeros(x.shape[1])
-                for lat, pairs in by_f:
-                    lf = np.maximum(lf, np.where(x[pairs].any(axis=0), lat, 0.0))
-                lb = np.zeros(x.shape[1])
-                for lat, pairs in by_b:
-                    lb = np.maximum(lb, np.where(x[pairs].any(axis=0), lat, 0.0))
-                out[np.ix_(ru, rv)] = (t + lf + lb).reshape(len(ru), len(rv))
-        return out
-
-    def edge_costs(self, e: int, gu: ShardGrid, gv: ShardGrid) -> tuple[np.ndarray, np.ndarray]:
-        """t_X of edge e for every config pair and the bytes it moves forward: ``[Cu, Cv]`` each.
-        An edge from an input moves nothing."""
-        lg = self.lg
-        u = int(lg.src[e])
-        Cu, Cv = gu.num_configs, gv.num_configs
-        if lg.kinds[u] == "input":
-            return np.zeros((Cu, Cv)), np.zeros((Cu, Cv))
-        plo, phi = out_boxes(lg, gu, int(lg.src_port[e]))
-        qlo, qhi = in_boxes(lg, gv, int(lg.dst_port[e]))
-        item = edge_itemsize(lg, e)
-        h = hashlib.blake2b(digest_size=16)
-        for arr in (plo, phi, qlo, qhi, gu.devices, gv.devices, gu.group, gu.first, np.array([item])):
-            h.update(np.ascontiguousarray(arr).tobytes())
-            h.update(str(arr.shape).encode())
-        key = h.digest()
-        hit = self.edge_cache.get(key)
+    def slowest_fraction(self, g: ShardGrid) -> np.ndarray:
+        """Per config, the largest fraction of the node's domain a shard covers (REPLICATED
+        dims do the whole of it)."""
+        hit = self.frac_cache.get(g.key) if g.key else None
         if hit is not None:
             return hit
-        Su, Sv = gu.smax, gv.smax
-        block = max(1, (1 << 22) // max(1, Su * Cv * Sv))
-        t = np.zeros((Cu, Cv))
-        nb = np.zeros((Cu, Cv))
-        for c0 in range(0, Cu, block):
-            sl = slice(c0, min(Cu, c0 + block))
-            ov = overlap_elements(plo[sl], phi[sl], qlo, qhi)
-            T = remote_elements(lg, e, gu, gv, ov=ov, cu_slice=sl) * item
-            nb[sl] = T.sum(axis=(1, 3))
-            t[sl] = self.transfer_time(T, gu.devices[sl], gv.devices)
-        self.edge_cache[key] = (t, nb)
-        return t, nb
+        sizes = np.array([self.lg.dims[g.node].get(d, 1) for d in g.dims], dtype=np.float64)
+        split = g.roles != REPLICATED
+        if len(sizes):
+            frac_s = np.prod(np.where(split[None, None, :], (g.hi - g.lo) / sizes[None, None, :], 1.0), axis=2)
+        else:
+            frac_s = np.ones(g.valid.shape)
+        frac = np.where(g.valid, frac_s, 0.0).max(axis=1)
+        if g.key:
+            self.frac_cache[g.key] = frac
+        return frac
+
+    def compute_times(self, grids: Sequence[ShardGrid]) -> list[np.ndarray]:
+        """t_C of every config of each grid: one :meth:`CostModel.layer_times` call per device
+        kind for all of them; on a mixed cluster, the slowest kind a config's shards use."""
+        counts = [g.num_configs for g in grids]
+        if not grids:
+            return []
+        frac = np.concatenate([self.slowest_fraction(g) for g in grids])
+        nodes = np.repeat(np.array([g.node for g in grids], dtype=np.int64), counts)
+        if len(self.kinds) == 1:
+            f, b = self.costs.layer_times(self.lg, next(iter(self.kinds.values())), frac, nodes=nodes)
+            t = f + b
+        else:
+            t = np.zeros(len(frac))
+            for k, rep in enumerate(self.kinds.values()):
+                uses = np.concatenate([((self.kind_of[np.maximum(g.devices, 0)] == k) & (g.devices >= 0)).any(axis=1) for g in grids])
+                f, b = self.costs.layer_times(self.lg, rep, frac, nodes=nodes)
+                t = np.maximum(t, np.where(uses, f + b, 0.0))
+        return np.split(t, np.cumsum(counts)[:-1])
+
+    def replica_groups(self, g: ShardGrid, keydims: np.ndarray) -> dict[tuple[int, ...], np.ndarray]:
+        """The groups of shards with equal coordinates on the dims ``keydims`` (positions in
+        ``g.dims``), as ``{devices of the group: the configs that have it}``; groups of one
+        shard are left out. Cached per grid layout, and per config by its degrees and devices."""
+        ck = (g.layout, keydims.tobytes()) if g.layout else None
+        hit = self.group_cache.get(ck) if ck is not None else None
+        if hit is not None:
+            return hit
+        out: dict[tuple[int, ...], list[int]] = {}
+        kd = tuple(int(k) for k in keydims)
+        for c in range(g.num_configs):
+            s = int(g.nshards[c])
+            if s <= 1:
+                continue
+            deg = tuple(int(x) for x in g.degrees[c])
+            devs = tuple(int(x) for x in g.devices[c, :s])
+            for grp in self.config_groups(deg, kd, devs):
+                out.setdefault(grp, []).append(c)
+        res = {devs: np.array(cs, dtype=np.int64) for devs, cs in out.items()}
+        if ck is not None:
+            self.group_cache[ck] = res
+        return res
+
+    def config_groups(self, deg: tuple[int, ...], keydims: tuple[int, ...], devs: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """The devices of each group of more than one shard of the config with degrees ``deg``
+        whose shards (row-major over the dims) run on ``devs``, grouped by their coordinates on
+        ``keydims``; memoised."""
+        ck = (deg, keydims, devs)
+        hit = self.config_group_cache.get(ck)
+        if hit is None:
+            s = len(devs)
+            if keydims and int(np.prod([deg[k] for k in keydims])) == s:
+                hit = ()  # every shard its own group
+            else:
+                coords = np.stack(np.unravel_index(np.arange(s), deg), axis=1) if deg else np.zeros((s, 0), dtype=np.int64)
+                radix = np.ones(len(keydims), dtype=np.int64)
+                for i in range(len(keydims) - 2, -1, -1):
+                    radix[i] = radix[i + 1] * deg[keydims[i + 1]]
+                gid = coords[:, list(keydims)] @ radix if keydims else np.zeros(s, dtype=np.int64)
+                arr = np.asarray(devs)
+                groups = (tuple(int(x) for x in arr[gid == k]) for k in sorted(set(gid.tolist())))
+                hit = tuple(grp for grp in groups if len(grp) > 1)
+            self.config_group_cache[ck] = hit
+        return hit
+
+    def max_group_allreduce(self, grids: Sequence[ShardGrid], keydims: list[np.ndarray],
+                            nbytes: list[np.ndarray | None]) -> list[np.ndarray]:
+        """Per grid and config c: the slowest all-reduce of ``nbytes[i][c]`` among the groups of
+        config c's shards with equal coordinates on ``keydims[i]`` (0 where ``nbytes[i]`` is
+        None). Grids with one key are taken together, and every all-reduce over one group of
+        devices is a single call of the cost model."""
+        counts = [g.num_configs for g in grids]
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        together: dict[tuple, list[int]] = {}
+        for i, g in enumerate(grids):
+            if nbytes[i] is not None:
+                together.setdefault((g.layout or id(g), keydims[i].tobytes()), []).append(i)
+        requests: dict[tuple[int, ...], list[tuple[np.ndarray, np.ndarray]]] = {}
+        for members in together.values():
+            first = grids[members[0]]
+            base = offsets[members]
+            nb = np.stack([nbytes[i] for i in members])  # type: ignore[misc]
+            for devs, cs in self.replica_groups(first, keydims[members[0]]).items():
+                requests.setdefault(devs, []).append(((base[:, None] + cs[None, :]).reshape(-1), nb[:, cs].reshape(-1)))
+        out = np.zeros(int(offsets[-1]))
+        for devs, parts in requests.items():
+            idx = np.concatenate([p[0] for p in parts])
+            nb_all = np.concatenate([p[1] for p in parts])
+            np.maximum.at(out, idx, np.asarray(self.costs.allreduce_time(nb_all, devs), dtype=np.float64))
+        return np.split(out, offsets[1:-1])
+
+    # ------------------------------------------------------------------ edge costs
+    def edge_costs(self, grids: Sequence[ShardGrid], progress: Callable[[int], Any] | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """t_X of every edge for every config pair and the bytes it moves forward (``[Cu, Cv]``
+        each): :meth:`algorithms.layer_transfers.TransferCosts.tables`."""
+        return self.transfers.tables(grids, progress)

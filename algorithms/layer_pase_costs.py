@@ -4,7 +4,7 @@ so that the tables hold seconds like OptCNN's (:mod:`algorithms.layer_optcnn_cos
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -57,18 +57,26 @@ class PaseLayerCosts:
         """The objective in PaSE's own unit, FLOPs."""
         return {"objective_flops": objective_s * self.costs.peak_flops}
 
-    def node_costs(self, grid: ShardGrid) -> dict[str, np.ndarray]:
-        """t_V of node ``grid.node`` for every config of the grid, in seconds."""
-        flops = self.costs.vertex_flops(self.lg, grid.node, grid.dims, grid.degrees)
-        return {"t_V": flops / self.costs.peak_flops}
+    def node_costs(self, grids: Sequence[ShardGrid]) -> list[dict[str, np.ndarray]]:
+        """t_V of every config of each grid's node, in seconds."""
+        peak = self.costs.peak_flops
+        return [{"t_V": self.costs.vertex_flops(self.lg, g.node, g.dims, g.degrees) / peak} for g in grids]
 
-    def edge_costs(self, e: int, gu: ShardGrid, gv: ShardGrid) -> tuple[np.ndarray, np.ndarray]:
-        """t_E of edge e for every config pair and its words x 8 (bytes), ``[Cu, Cv]`` each.
-        An edge from an input costs nothing (PaSE's graphs have no such edge), nor does one
-        PaSE's graph drops (``costs.parallel_edges``)."""
+    def edge_costs(self, grids: Sequence[ShardGrid], progress: Callable[[int], Any] | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """t_E of every edge for every config pair and its words x 8 (bytes), ``[Cu, Cv]`` each,
+        telling ``progress(1)`` after each. An edge from an input costs nothing (PaSE's graphs
+        have no such edge), nor does one PaSE's graph drops (``costs.parallel_edges``)."""
         lg = self.lg
-        Cu, Cv = gu.num_configs, gv.num_configs
-        if lg.kinds[int(lg.src[e])] == "input" or self.shadowed[e]:
-            return np.zeros((Cu, Cv)), np.zeros((Cu, Cv))
-        fl = self.costs.edge_flops(lg, e, gu.dims, gu.degrees, gv.dims, gv.degrees)
-        return fl / self.costs.peak_flops, fl / self.costs.r * 8.0
+        t_out, b_out = [], []
+        for e in range(lg.num_edges):
+            gu, gv = grids[int(lg.src[e])], grids[int(lg.dst[e])]
+            if lg.kinds[int(lg.src[e])] == "input" or self.shadowed[e]:
+                t_out.append(np.zeros((gu.num_configs, gv.num_configs)))
+                b_out.append(np.zeros((gu.num_configs, gv.num_configs)))
+                continue
+            fl = self.costs.edge_flops(lg, e, gu.dims, gu.degrees, gv.dims, gv.degrees)
+            t_out.append(fl / self.costs.peak_flops)
+            b_out.append(fl / self.costs.r * 8.0)
+            if progress is not None:
+                progress(1)
+        return t_out, b_out

@@ -16,7 +16,7 @@ import math
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from algorithms.layer_costs import layer_cost_model, resolve_options
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.errors import UserError
-from harness.core.layer_shards import make_grid, mapped_devices
+from harness.core.layer_shards import ShardGrid, make_grid, mapped_devices
 from harness.core.layergraph import LayerGraph
 from harness.core.strategy import ParallelConfig, Strategy
 
@@ -164,30 +164,34 @@ def build_tables(lg: LayerGraph, cluster: Cluster, costs: CostModel, options: Sp
     N = cluster.num_devices
     model = layer_cost_model(lg, cluster, costs)
     dims, degrees, devices, grids = [], [], [], []
+    # layers alike in what the space sees share their configs, devices and shard grids
+    config_memo: dict[tuple, tuple[tuple[str, ...], np.ndarray]] = {}
+    device_memo: dict[bytes, np.ndarray] = {}
+    grid_memo: dict[tuple, ShardGrid] = {}
     for v in range(lg.num_nodes):
-        d, deg = enumerate_configs(lg, v, N, opts)
-        dev = mapped_devices(np.prod(deg, axis=1) if deg.shape[1] else np.ones(len(deg), dtype=np.int64), N, opts.mapping)
+        d, deg = enumerate_configs(lg, v, N, opts, config_memo)
+        dkey = deg.tobytes() + str(deg.shape).encode()
+        dev = device_memo.get(dkey)
+        if dev is None:
+            dev = device_memo[dkey] = mapped_devices(np.prod(deg, axis=1) if deg.shape[1] else np.ones(len(deg), dtype=np.int64),
+                                                     N, opts.mapping)
         dims.append(d)
         degrees.append(deg)
         devices.append(dev)
-        grids.append(make_grid(lg, v, d, deg, dev))
+        grids.append(make_grid(lg, v, d, deg, dev, grid_memo))
     parts: dict[str, list[np.ndarray]] = {}
     node_cost = []
-    for v in range(lg.num_nodes):
-        p = model.node_costs(grids[v])
+    for p in model.node_costs(grids):
         for k, arr in p.items():
             parts.setdefault(k, []).append(arr)
         node_cost.append(sum(p.values()))
-    edge_cost, edge_bytes = [], []
-    eit: Iterable[int] = range(lg.num_edges)
     if progress:
         from tqdm import tqdm
 
-        eit = tqdm(eit, desc=f"t_X tables ({lg.meta.get('model', '?')}, {N} devices)", unit="edge", leave=False)
-    for e in eit:
-        t, b = model.edge_costs(e, grids[int(lg.src[e])], grids[int(lg.dst[e])])
-        edge_cost.append(t)
-        edge_bytes.append(b)
+        with tqdm(total=lg.num_edges, desc=f"t_X tables ({lg.meta.get('model', '?')}, {N} devices)", unit="edge", leave=False) as bar:
+            edge_cost, edge_bytes = model.edge_costs(grids, bar.update)
+    else:
+        edge_cost, edge_bytes = model.edge_costs(grids)
     return LayerCostTables(lg, N, opts, model.model, dims, degrees, devices, node_cost,
                            edge_cost, edge_bytes, parts, time.perf_counter() - t0, model.table_meta())
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from hypothesis import strategies as st
 from torch import nn
 
 from harness.core.capture import TensorSpec
@@ -41,6 +42,35 @@ def make_graph(n: int, edges: list[tuple[int, int]], flops: list[float] | None =
         layer_names=["l"], flops=flops, out_bytes=out_b, work_bytes=np.zeros(n, np.int64), free=np.zeros(n, bool),
         batch_role=np.full(n, role), coloc=np.full(n, -1), src=src, dst=dst, nbytes=nb, meta={"model": "test", "batch_size": 8},
     )
+
+
+# ---------------------------------------------------------------------------- random DAGs (hypothesis)
+@st.composite
+def random_dags(draw, max_nodes: int = 25):
+    n = draw(st.integers(1, max_nodes))
+    pairs = [(i, j) for j in range(n) for i in range(j)]
+    edges = sorted(set(draw(st.lists(st.sampled_from(pairs), max_size=3 * n)))) if pairs else []
+    flops = draw(st.lists(st.floats(0.0, 5e9), min_size=n, max_size=n))
+    nbytes = draw(st.lists(st.integers(0, 50_000_000), min_size=len(edges), max_size=len(edges)))
+    return make_graph(n, edges, flops, nbytes)
+
+
+def random_topo_order(g: OpGraph, seed: int) -> np.ndarray:
+    """A random topological numbering (Kahn with random tie-breaks)."""
+    rng = np.random.default_rng(seed)
+    indeg = np.bincount(g.dst, minlength=g.num_nodes)
+    ready = [v for v in range(g.num_nodes) if indeg[v] == 0]
+    order = np.empty(g.num_nodes, np.int64)
+    k = 0
+    while ready:
+        v = ready.pop(int(rng.integers(len(ready))))
+        order[v] = k
+        k += 1
+        for w in g.successors(v).tolist():
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                ready.append(w)
+    return order
 
 
 # ---------------------------------------------------------------------------- a tiny model to capture
@@ -94,3 +124,12 @@ def refused(fn: Callable[[], Any], *fragments: str, kind: type[UserError] = User
     for f in fragments:
         assert f in msg, f"{f!r} not in {msg!r}"
     return err
+
+
+# ---------------------------------------------------------------------------- speed goals (tests/benchmarks)
+def assert_goal(benchmark: Any, goal_s: float, what: str) -> None:
+    """Assert a benchmark's speed goal on its fastest round, the figure this shared VM's drift
+    (10-25 % between minutes) moves least, and record the goal and the median beside it."""
+    st = benchmark.stats.stats
+    benchmark.extra_info.update({"goal_s": goal_s, "best_s": st.min, "median_s": st.median})
+    assert st.min <= goal_s, f"{what}: best {st.min:.4g} s, median {st.median:.4g} s, goal {goal_s:.4g} s"

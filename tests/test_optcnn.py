@@ -150,15 +150,19 @@ def test_t_x_counts_halos_and_only_the_non_resident_part(cl4, costs4):
 
 def test_t_x_is_the_most_loaded_link_each_way_plus_latency():
     """The vectorised t_X table against a direct loop over shard pairs and the links of their routes."""
-    from algorithms.layer_optcnn_costs import OptCNNLayerCosts
     from harness.core.layer_shards import edge_itemsize, make_grid, remote_elements
 
     cl = make_cluster(2, nodes=2, lat_us=3.0)  # NVLink inside a host, a shared NIC between hosts
     costs = AnalyticalCostModel(cl)
     g = random_dag(5, 4, 0.7, B=16, C=64, L=32)
     T = build_tables(g, cl, costs)
-    ctx = OptCNNLayerCosts(g, cl, costs)
-    W, lat = ctx.links.w, ctx.links.lat
+    D, L = cl.num_devices, len(cl.links)
+    W = np.zeros((D, D, L))  # 1 / bandwidth of every link on the route i -> j
+    for i in range(D):
+        for j in range(D):
+            for link in cl.routes[i][j]:
+                W[i, j, link] = 1.0 / cl.links[link].bw
+    lat = cl.route_lat
     for e in range(g.num_edges):
         u, v = int(g.src[e]), int(g.dst[e])
         if g.kinds[u] == "input":

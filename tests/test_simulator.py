@@ -13,7 +13,7 @@ from harness.core.strategy import ParallelConfig, Strategy, StrategyError
 from simulators import engine
 from simulators.simulate import simulate
 from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
-from tests.helpers import make_cluster, make_graph
+from tests.helpers import make_cluster, make_graph, random_dags, random_topo_order
 
 EPS = 1e-12
 
@@ -37,34 +37,6 @@ def check_invariants(res) -> None:
     assert np.allclose(end - start, tg.dur)
     assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) - EPS
     assert res.step_time_s == pytest.approx(end.max() if len(end) else 0.0)
-
-
-@st.composite
-def random_dags(draw, max_nodes: int = 25):
-    n = draw(st.integers(1, max_nodes))
-    pairs = [(i, j) for j in range(n) for i in range(j)]
-    edges = sorted(set(draw(st.lists(st.sampled_from(pairs), max_size=3 * n)))) if pairs else []
-    flops = draw(st.lists(st.floats(0.0, 5e9), min_size=n, max_size=n))
-    nbytes = draw(st.lists(st.integers(0, 50_000_000), min_size=len(edges), max_size=len(edges)))
-    return make_graph(n, edges, flops, nbytes)
-
-
-def random_topo_order(g: OpGraph, seed: int) -> np.ndarray:
-    """A random topological numbering (Kahn with random tie-breaks)."""
-    rng = np.random.default_rng(seed)
-    indeg = np.bincount(g.dst, minlength=g.num_nodes)
-    ready = [v for v in range(g.num_nodes) if indeg[v] == 0]
-    order = np.empty(g.num_nodes, np.int64)
-    k = 0
-    while ready:
-        v = ready.pop(int(rng.integers(len(ready))))
-        order[v] = k
-        k += 1
-        for w in g.successors(v).tolist():
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                ready.append(w)
-    return order
 
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

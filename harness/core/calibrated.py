@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from harness.core.cluster import Cluster, DeviceSpec
-from harness.core.costs import AnalyticalCostModel, node_memory, refuse_unknown, with_measured
+from harness.core.costs import AnalyticalCostModel, affine_bytes, node_memory, refuse_unknown, with_measured
 from harness.core.errors import UserError
 from harness.core.graph import OpGraph
 from harness.core.kernel_model import CLASSES, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, conv_flags, load_table
@@ -173,7 +173,7 @@ class CalibratedCostModel:
         mem = kt.kind == MEM
         t[mem] = self.launch + dims[mem, 0] / (spec.mem_bw * self.mem_eff)
         flops = kt.flops(dims)
-        for math in np.unique(kt.math[~mem]).tolist():
+        for math in sorted(set(kt.math[~mem].tolist())):
             fit = self._fit(spec, math)
             self._used.setdefault(spec.kind, set()).add(fit.label)
             sel = (kt.math == math) & ~mem
@@ -200,7 +200,7 @@ class CalibratedCostModel:
         flags = conv_flags(dims[:, 5], dims[:, 6], dims[:, 7], dims[:, 8], dims[:, 1])
         out = np.zeros(len(kind))
         classes = np.where(kind == GEMM, np.where(rnn & ("rnn" in fit.models), 4, 0), kind).astype(np.int64)
-        for c in np.unique(classes).tolist():
+        for c in sorted(set(classes.tolist())):
             sel = classes == c
             model = fit.models[CLASSES[c]]
             out[sel] = model.time(gd[sel], flops[sel], fit.peak, flags[sel] if model.flag_log.size else None)
@@ -213,16 +213,16 @@ class CalibratedCostModel:
     def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
         return self.analytical.transfer_time(nbytes, src, dst)
 
-    def allreduce_time(self, nbytes: float, devices: Sequence[int]) -> float:
+    def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
         devs = list(devices)
         p = len(devs)
-        if p <= 1 or nbytes <= 0:
-            return 0.0
+        if p <= 1:
+            return affine_bytes(nbytes, 0.0, 0.0)
         if self.sync != "ring" or not all(self.calibrated(self.cluster.devices[d].spec.kind) for d in devs):
             return self.analytical.allreduce_time(nbytes, devs)
         fit = self._allreduce_fit(p, len({self.cluster.devices[d].host for d in devs}) > 1)
         ring = self.cluster.ring_bandwidth(devs)
-        return float(2 * (p - 1) * fit["alpha_us"] * 1e-6 + 2 * (p - 1) / p * nbytes / (fit["eta"] * ring))
+        return affine_bytes(nbytes, 2 * (p - 1) * fit["alpha_us"] * 1e-6, 2 * (p - 1) / p / (fit["eta"] * ring))
 
     def _allreduce_fit(self, p: int, multi_host: bool) -> dict[str, float]:
         fits = self.table["allreduce"]["fits"]

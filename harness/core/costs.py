@@ -145,6 +145,15 @@ def with_measured(graph: Any, kind: str, fraction: float, times: np.ndarray) -> 
     return np.where(np.isnan(measured), times, measured * fraction)
 
 
+def affine_bytes(nbytes: float | np.ndarray, fixed: float, per_byte: float) -> float | np.ndarray:
+    """``fixed + per_byte * nbytes`` where ``nbytes > 0``, else 0: a collective's alpha-beta time,
+    a float for a float and an array for an array."""
+    if np.ndim(nbytes) == 0:
+        return float(fixed + per_byte * nbytes) if nbytes > 0 else 0.0
+    nb = np.asarray(nbytes, dtype=np.float64)
+    return np.where(nb > 0, fixed + per_byte * nb, 0.0)
+
+
 @runtime_checkable
 class CostModel(Protocol):
     """What algorithms and the simulator may ask about time and memory."""
@@ -163,8 +172,9 @@ class CostModel(Protocol):
         """c_ij: seconds to move ``nbytes`` from device ``src`` to device ``dst`` (0 when equal)."""
         ...
 
-    def allreduce_time(self, nbytes: float, devices: Sequence[int]) -> float:
-        """Seconds to synchronise ``nbytes`` of gradients among ``devices``."""
+    def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
+        """Seconds to synchronise ``nbytes`` of gradients among ``devices`` (0 for nothing to send
+        or one device); an array of sizes gives an array of seconds, one call for many layers."""
         ...
 
     def memory(self, graph: OpGraph) -> np.ndarray:
@@ -231,16 +241,16 @@ class AnalyticalCostModel:
             return 0.0
         return float(self.cluster.route_lat[src, dst] + nbytes / self.cluster.route_bw[src, dst])
 
-    def allreduce_time(self, nbytes: float, devices: Sequence[int]) -> float:
+    def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
         devs = list(devices)
         p = len(devs)
-        if p <= 1 or nbytes <= 0:
-            return 0.0
+        if p <= 1:
+            return affine_bytes(nbytes, 0.0, 0.0)
         if self.sync == "ps":
             ps = devs[0]
             bw = min(self.cluster.route_bw[w, ps] for w in devs[1:])
             lat = max(self.cluster.route_lat[w, ps] for w in devs[1:])
-            return float(2 * ((p - 1) * nbytes / bw + lat))
+            return affine_bytes(nbytes, 2 * lat, 2 * (p - 1) / bw)
         coll = self.cluster.meta.get("collective")
         if coll:  # a measured collective (harness.calibrate), in the ring formula's terms
             bw, lat = float(coll["bw_GBps"]) * 1e9, float(coll["lat_us"]) * 1e-6
@@ -248,7 +258,7 @@ class AnalyticalCostModel:
             hops = [(devs[k], devs[(k + 1) % p]) for k in range(p)]
             bw = min(self.cluster.route_bw[a, b] for a, b in hops)
             lat = max(self.cluster.route_lat[a, b] for a, b in hops)
-        return float(2 * (p - 1) / p * nbytes / bw + 2 * (p - 1) * lat)
+        return affine_bytes(nbytes, 2 * (p - 1) * lat, 2 * (p - 1) / p / bw)
 
     # -- memory
     def memory(self, graph: OpGraph) -> np.ndarray:

@@ -26,6 +26,7 @@ boxes is one broadcast product over the tensor's axes (:func:`overlap_elements`)
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -122,6 +123,12 @@ class ShardGrid:
     group: np.ndarray
     first: np.ndarray
     roles: np.ndarray
+    #: the dims, their roles, the degrees and the devices: what groups, devices and coordinates
+    #: are a function of (``()`` for a grid made without a memo)
+    layout: tuple = ()
+    #: ``layout`` and the dims' sizes: two grids with equal keys have equal arrays, whichever
+    #: node they belong to
+    key: tuple = ()
 
     @property
     def num_configs(self) -> int:
@@ -132,12 +139,36 @@ class ShardGrid:
         return self.valid.shape[1]
 
 
-def make_grid(lg: LayerGraph, v: int, dims: Sequence[str], degrees: np.ndarray, devices: np.ndarray | Sequence[Sequence[int]]) -> ShardGrid:
-    """Shard grid of configs ``degrees`` [C, len(dims)] of node v; ``devices`` [C, Smax] (or ragged lists)."""
+def make_grid(lg: LayerGraph, v: int, dims: Sequence[str], degrees: np.ndarray, devices: np.ndarray | Sequence[Sequence[int]],
+              memo: dict[tuple, ShardGrid] | None = None) -> ShardGrid:
+    """Shard grid of configs ``degrees`` [C, len(dims)] of node v; ``devices`` [C, Smax] (or ragged
+    lists). With ``memo``, a grid whose key is there shares that grid's (read-only) arrays."""
     dims = tuple(dims)
     deg = np.asarray(degrees, dtype=np.int64)
     if deg.ndim != 2:
         deg = deg.reshape(-1, len(dims)) if len(dims) else deg.reshape(1, 0)
+    roles = dim_roles(lg, v, dims)
+    sizes = np.array([lg.dims[v].get(d, 1) for d in dims], dtype=np.int64)
+    layout: tuple = ()
+    key: tuple = ()
+    if memo is not None and isinstance(devices, np.ndarray) and devices.ndim == 2:
+        layout = (dims, roles.tobytes(), deg.shape, deg.tobytes(), devices.shape, devices.tobytes())
+        key = (layout, sizes.tobytes())
+        hit = memo.get(key)
+        if hit is not None:
+            grid = copy.copy(hit)  # a shallow copy shares the read-only arrays
+            grid.node = v
+            return grid
+    grid = _grid_arrays(v, dims, deg.copy() if key else deg, sizes, roles, devices, layout, key)
+    if key:
+        for arr in (grid.degrees, grid.nshards, grid.valid, grid.lo, grid.hi, grid.devices, grid.group, grid.first):
+            arr.setflags(write=False)
+        memo[key] = grid  # type: ignore[index]
+    return grid
+
+
+def _grid_arrays(v: int, dims: tuple[str, ...], deg: np.ndarray, sizes: np.ndarray, roles: np.ndarray,
+                 devices: np.ndarray | Sequence[Sequence[int]], layout: tuple, key: tuple) -> ShardGrid:
     C, nd = deg.shape
     ns = np.prod(deg, axis=1) if nd else np.ones(C, dtype=np.int64)
     smax = int(ns.max()) if C else 1
@@ -150,10 +181,8 @@ def make_grid(lg: LayerGraph, v: int, dims: Sequence[str], degrees: np.ndarray, 
         coords[:, :, k] = rem % deg[:, k:k + 1]
         rem //= deg[:, k:k + 1]
     coords[~valid] = 0
-    sizes = np.array([lg.dims[v].get(d, 1) for d in dims], dtype=np.int64)
     lo = coords * sizes // np.maximum(deg[:, None, :], 1)
     hi = (coords + 1) * sizes // np.maximum(deg[:, None, :], 1)
-    roles = dim_roles(lg, v, dims)
     # REPLICATED dims do not split anything: every shard covers the whole (size-1) range
     rep = roles == REPLICATED
     if rep.any():
@@ -185,7 +214,7 @@ def make_grid(lg: LayerGraph, v: int, dims: Sequence[str], degrees: np.ndarray, 
             _, idx = np.unique(group[c, : ns[c]], return_index=True)
             first[c, idx] = True
     group[~valid] = 0
-    return ShardGrid(v, dims, deg, ns, valid, lo, hi, dev, group, first, roles)
+    return ShardGrid(v, dims, deg, ns, valid, lo, hi, dev, group, first, roles, layout, key)
 
 
 def mapped_devices(nshards: np.ndarray, num_devices: int, mapping: str = "linear") -> np.ndarray:
@@ -302,15 +331,16 @@ def box_volume(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def overlap_elements(plo: np.ndarray, phi: np.ndarray, qlo: np.ndarray, qhi: np.ndarray) -> np.ndarray:
-    """Elements shared by producer boxes ``[Cu, Su, A]`` and consumer boxes ``[Cv, Sv, A]``:
-    ``[Cu, Su, Cv, Sv]``, one broadcast product over the axes (an axis that one side does not
-    split broadcasts over that side)."""
-    Cu, Su, A = plo.shape
-    Cv, Sv, _ = qlo.shape
-    out = np.ones((Cu, Su, Cv, Sv), dtype=np.float64)
+    """Elements shared by producer boxes ``[..., Cu, Su, A]`` and consumer boxes ``[..., Cv, Sv, A]``
+    (the same leading axes, one per edge of a batch): ``[..., Cu, Su, Cv, Sv]``, one broadcast
+    product over the axes (an axis that one side does not split broadcasts over that side)."""
+    lead = plo.shape[:-3]
+    Cu, Su, A = plo.shape[-3:]
+    Cv, Sv = qlo.shape[-3:-1]
+    out = np.ones(lead + (Cu, Su, Cv, Sv), dtype=np.float64)
     for a in range(A):
-        pl, ph = plo[:, :, a], phi[:, :, a]
-        ql, qh = qlo[:, :, a], qhi[:, :, a]
+        pl, ph = plo[..., a], phi[..., a]
+        ql, qh = qlo[..., a], qhi[..., a]
         pconst = pl.size and (pl == pl.flat[0]).all() and (ph == ph.flat[0]).all()
         qconst = ql.size and (ql == ql.flat[0]).all() and (qh == qh.flat[0]).all()
         if pconst and qconst:
@@ -318,14 +348,14 @@ def overlap_elements(plo: np.ndarray, phi: np.ndarray, qlo: np.ndarray, qhi: np.
             continue
         if pconst:
             ov = np.minimum(ph.flat[0], qh) - np.maximum(pl.flat[0], ql)
-            out *= np.maximum(ov, 0)[None, None, :, :]
+            out *= np.maximum(ov, 0)[..., None, None, :, :]
             continue
         if qconst:
             ov = np.minimum(ph, qh.flat[0]) - np.maximum(pl, ql.flat[0])
-            out *= np.maximum(ov, 0)[:, :, None, None]
+            out *= np.maximum(ov, 0)[..., None, None]
             continue
-        ov = np.minimum(ph.astype(np.int32)[:, :, None, None], qh.astype(np.int32)[None, None])
-        ov -= np.maximum(pl.astype(np.int32)[:, :, None, None], ql.astype(np.int32)[None, None])
+        ov = np.minimum(ph.astype(np.int32)[..., None, None], qh.astype(np.int32)[..., None, None, :, :])
+        ov -= np.maximum(pl.astype(np.int32)[..., None, None], ql.astype(np.int32)[..., None, None, :, :])
         np.maximum(ov, 0, out=ov)
         out *= ov
     return out
@@ -339,28 +369,33 @@ def edge_itemsize(lg: LayerGraph, e: int) -> float:
 
 def remote_elements(lg: LayerGraph, e: int, gu: ShardGrid, gv: ShardGrid,
                     ov: np.ndarray | None = None, cu_slice: slice | None = None) -> np.ndarray:
-    """Elements each producer shard sends each consumer shard over edge e: ``[Cu, Su, Cv, Sv]``.
-
-    A consumer shard needs its input box; what a producer shard on its own device wrote is
-    resident. Producer shards that write the same part (REDUCTION / REPLICATED splits) are
-    replicas: a consumer with a local replica needs nothing from the others, otherwise it
-    reads from the group's first shard.
-    """
+    """Elements each producer shard sends each consumer shard over edge e: ``[Cu, Su, Cv, Sv]``
+    (:func:`resident_rule` applied to the overlap of the producers' output boxes and the
+    consumers' input boxes)."""
     sl = cu_slice or slice(None)
     if ov is None:
         plo, phi = out_boxes(lg, gu, int(lg.src_port[e]))
         qlo, qhi = in_boxes(lg, gv, int(lg.dst_port[e]))
         ov = overlap_elements(plo[sl], phi[sl], qlo, qhi)
-    dev_u = gu.devices[sl]
-    valid_u = gu.valid[sl]
-    first = gu.first[sl]
-    local = dev_u[:, :, None, None] == gv.devices[None, None, :, :]
-    T = np.where(local, 0.0, ov * (valid_u[:, :, None, None] & gv.valid[None, None]))
-    replicated = np.flatnonzero(~(first | ~valid_u).all(axis=1))
-    for c in replicated.tolist():
-        s = int(gu.nshards[sl][c])
-        g = gu.group[sl][c, :s]
-        has = np.zeros((int(g.max()) + 1,) + local.shape[2:], dtype=bool)
-        np.logical_or.at(has, g, local[c, :s])
-        T[c, :s] *= first[c, :s, None, None] & ~has[g]
+    return resident_rule(ov, gu.devices[sl], gu.valid[sl], gu.group[sl], gu.first[sl], gv.devices, gv.valid)
+
+
+def resident_rule(ov: np.ndarray, dev_u: np.ndarray, valid_u: np.ndarray, group: np.ndarray, first: np.ndarray,
+                  dev_v: np.ndarray, valid_v: np.ndarray) -> np.ndarray:
+    """What of the overlaps ``ov`` [..., Cu, Su, Cv, Sv] a producer shard sends a consumer shard.
+
+    A consumer shard needs its input box; what a producer shard on its own device wrote is
+    resident. Producer shards that write the same part (REDUCTION / REPLICATED splits, one
+    ``group``) are replicas: a consumer with a local replica needs nothing from the others,
+    otherwise it reads from the group's ``first`` shard. Producer arrays are ``[..., Cu, Su]``,
+    consumer arrays ``[..., Cv, Sv]``, with the leading axes of ``ov`` (a batch of edges).
+    """
+    local = dev_u[..., None, None] == dev_v[..., None, None, :, :]
+    T = np.where(local, 0.0, ov * (valid_u[..., None, None] & valid_v[..., None, None, :, :]))
+    if not (first | ~valid_u).all():  # some config has replicas
+        Su = group.shape[-1]
+        member = (group[..., None, :] == np.arange(Su)[:, None]) & valid_u[..., None, :]  # [..., Cu, group, shard]
+        has = np.einsum("...gs,...svw->...gvw", member.astype(np.float32), local.astype(np.float32)) > 0
+        idx = np.broadcast_to(group[..., None, None], T.shape)
+        T *= first[..., None, None] & ~np.take_along_axis(has, idx, axis=-3)
     return T

@@ -289,7 +289,7 @@ class ProfiledCostModel:
     def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
         return self.analytical.transfer_time(nbytes, src, dst)
 
-    def allreduce_time(self, nbytes: float, devices: Sequence[int]) -> float:
+    def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
         return self.analytical.allreduce_time(nbytes, devices)
 
     def memory(self, graph: OpGraph) -> np.ndarray:

@@ -1,15 +1,19 @@
-"""Search speed of OptCNN (Algorithm 1) and PaSE (vertex elimination) against the issue's goals:
+"""Search speed of OptCNN (Algorithm 1) and PaSE (vertex elimination), asserted against the
+goals of the speed issue (``python -m pytest tests/benchmarks/test_bench_optcnn_pase.py -m bench``):
 
-| optcnn, inception_v3, 4 devices  | <= 0.05 s | paper 0.4 s |
-| optcnn, inception_v3, 16 devices | <= 1 s    |             |
-| pase, inception_v3, p = 64       | <= 20 s   | paper 196 s; FlexFlow's MCMC 37 min |
-| pase, transformer, p = 64        | <= 3 min  | paper 31 min |
+| what | goal | paper |
+|---|---|---|
+| optcnn, inception_v3, 4 GPUs: ``search_seconds`` (tables + search, as a job) | <= 0.05 s | 0.4 s |
+| optcnn, inception_v3, 16 GPUs: the same | <= 0.5 s | |
+| pase, inception_v3, p = 64: the elimination on its tables | <= 20 s | 196 s; FlexFlow's MCMC 37 min |
+| pase, transformer, p = 64: the same | <= 20 s | 31 min |
 
-The measured call is the search on precomputed cost tables (the papers' algorithms take the
-cost functions as given); building the tables is measured separately (``*_tables``) and each
-search benchmark reports it in ``extra_info["tables_s"]``. OptCNN runs on OptCNN's testbed
-(p100x4; the first 16 GPUs of p100x16_4nodes) at 32 images per GPU; PaSE under costs=pase
-(PaSE's own model: 10 TFLOP/s, 16 GB/s) on 64 processors, at the zoo's batch sizes.
+OptCNN runs as ``python -m harness algo=optcnn model=inception_v3 cluster=p100x4`` does (the
+job's batch and cost model) and on the first 16 GPUs of p100x16_4nodes at 32 images per GPU;
+each round builds its tables afresh, so the figure is what a job reports as search_seconds.
+PaSE runs under costs=pase (PaSE's own model: 10 TFLOP/s, 16 GB/s) on 64 processors; its
+tables are built once and reported in ``extra_info["tables_s"]``. Goals not met yet are
+expected failures whose reason carries the last figure measured.
 """
 
 from __future__ import annotations
@@ -18,10 +22,14 @@ import time
 
 import pytest
 
+import algorithms.layer_tables as layer_tables
 from algorithms.layer_tables import build_tables
 from algorithms.optcnn import OptCNN
 from algorithms.pase import vertex_elimination
 from experiments._layerwise import parametric, problem
+from harness.compose import compose
+from harness.run import build
+from tests.helpers import assert_goal
 
 
 def _tables(pb):
@@ -32,8 +40,9 @@ def _tables(pb):
 
 @pytest.fixture(scope="module")
 def optcnn_problems():
-    return {4: problem("inception_v3", "p100x4", batch=128),
-            16: problem("inception_v3", "p100x16_4nodes", devices=16, batch=512)}
+    src, cluster, costs, _, _ = build(compose(["algo=optcnn", "model=inception_v3", "cluster=p100x4"]))
+    pb16 = problem("inception_v3", "p100x16_4nodes", devices=16, batch=512)
+    return {4: (src.layer_graph(), cluster, costs), 16: (pb16.graph, pb16.cluster, pb16.costs)}
 
 
 @pytest.fixture(scope="module")
@@ -41,27 +50,41 @@ def pase_problems():
     return {m: problem(m, "parametric", costs="pase", extra=parametric(64)[1:]) for m in ("inception_v3", "transformer")}
 
 
-@pytest.mark.parametrize("devices", [4, 16])
+def _fresh_plan(lg, cluster, costs):
+    layer_tables._TABLE_CACHE.clear()  # every round builds its tables, as a job does
+    return OptCNN().plan(lg, cluster, costs)
+
+
+@pytest.mark.parametrize("devices", [4, pytest.param(16, marks=pytest.mark.xfail(
+    reason="goal not met: 3.3 s on 2026-11-24 (the t_X tables of 79 distinct edges, 1.25M shard pairs each)", strict=False))])
 def test_optcnn_inception_v3(benchmark, optcnn_problems, devices):
-    tables, tables_s = _tables(optcnn_problems[devices])
-    idx, stats = benchmark.pedantic(lambda: OptCNN().search(tables), rounds=5 if devices == 4 else 3, iterations=1, warmup_rounds=1)
-    benchmark.extra_info.update({"goal_s": 0.05 if devices == 4 else 1.0, "paper_s": 0.4 if devices == 4 else None,
-                                 "tables_s": tables_s, "K": stats["K"], "layers": tables.num_nodes,
-                                 "configs_max": int(tables.num_configs.max()), "objective_s": tables.objective(idx)})
+    lg, cluster, costs = optcnn_problems[devices]
+    plan = benchmark.pedantic(lambda: _fresh_plan(lg, cluster, costs), rounds=15 if devices == 4 else 3, iterations=1,
+                              warmup_rounds=1)
+    benchmark.extra_info.update({"paper_s": 0.4 if devices == 4 else None, "tables_s": plan.info["tables_s"],
+                                 "search_s": plan.info["search_s"], "layers": lg.num_nodes,
+                                 "configs_max": plan.info["configs_max"], "objective_s": plan.info["objective_s"]})
+    assert_goal(benchmark, 0.05 if devices == 4 else 0.5, f"optcnn inception_v3 on {devices} GPUs")
 
 
-@pytest.mark.parametrize("model", ["inception_v3", "transformer"])
+@pytest.mark.parametrize("model", ["inception_v3", pytest.param("transformer", marks=pytest.mark.xfail(
+    reason="goal not met: 28-42 s on 2026-11-23 (the joins of _min_sum, bound by memory traffic)", strict=False))])
 def test_pase_p64(benchmark, pase_problems, model):
     tables, tables_s = _tables(pase_problems[model])
     idx, cost, stats = benchmark.pedantic(lambda: vertex_elimination(tables), rounds=1, iterations=1)
-    benchmark.extra_info.update({"goal_s": 20.0 if model == "inception_v3" else 180.0,
-                                 "paper_s": 196.0 if model == "inception_v3" else 31 * 60.0, "tables_s": tables_s,
+    benchmark.extra_info.update({"paper_s": 196.0 if model == "inception_v3" else 31 * 60.0, "tables_s": tables_s,
                                  "layers": tables.num_nodes, "configs_max": int(tables.num_configs.max()), **stats,
                                  "objective_s": cost})
+    assert_goal(benchmark, 20.0, f"pase {model} at p = 64")
 
 
 @pytest.mark.parametrize("case", ["optcnn_inception_v3_16", "pase_transformer_64"])
 def test_tables(benchmark, optcnn_problems, pase_problems, case):
-    pb = optcnn_problems[16] if case.startswith("optcnn") else pase_problems["transformer"]
-    tables = benchmark.pedantic(lambda: build_tables(pb.graph, pb.cluster, pb.costs), rounds=1, iterations=1)
-    benchmark.extra_info.update({"layers": tables.num_nodes, "edges": pb.graph.num_edges, "configs_total": int(tables.num_configs.sum())})
+    if case.startswith("optcnn"):
+        lg, cluster, costs = optcnn_problems[16]
+    else:
+        pb = pase_problems["transformer"]
+        lg, cluster, costs = pb.graph, pb.cluster, pb.costs
+    tables = benchmark.pedantic(lambda: build_tables(lg, cluster, costs), rounds=1, iterations=1)
+    benchmark.extra_info.update({"layers": tables.num_nodes, "edges": lg.num_edges, "configs_total": int(tables.num_configs.sum()),
+                                 "edge_tables": tables.meta.get("edge_cache_entries")})
