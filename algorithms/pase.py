@@ -22,9 +22,10 @@ configuration given its already assigned neighbours, recomputed from the factors
 a tie). Ties between vertices with as many unprocessed neighbours are broken by the size of
 the table processing them would build, then by vertex id.
 
-Memory stays bounded: a join larger than ``block_entries`` is computed in slices of v's
-configurations with a running minimum, so only the new factor and one slice are resident
-(the factors a vertex joined are kept for its back-substitution);
+Memory stays bounded: the join is never written out. :func:`algorithms.pase_join.min_sum`
+sums each of its entries from the factors and keeps the minimum over v (compiled, threads
+taking ``block_entries`` join entries at a time), so only the new factor is resident beside
+the factors a vertex joined, which are kept for its back-substitution;
 a factor over more than ``max_entries`` combinations stops the search with an error naming
 the vertex. ``largest_table`` reports the largest join (PaSE prints these table sizes).
 """
@@ -41,6 +42,7 @@ import numpy as np
 from algorithms.layer_fixed import SEEDS
 from algorithms.layer_search import LayerSearch
 from algorithms.layer_tables import LayerCostTables, seed_strategies
+from algorithms.pase_join import min_sum
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.layergraph import LayerGraph
@@ -62,7 +64,7 @@ def vertex_elimination(tables: LayerCostTables, max_entries: int = 1 << 28, bloc
     :class:`SearchBudgetExceeded` when ``time.perf_counter()`` passes ``deadline`` (checked per vertex).
 
     ``dtype`` of the joins: float64 (exact up to float64 rounding; the default) or float32
-    (half the memory traffic; ties closer than ~1e-7 relative may then be broken differently).
+    (half the memory; ties closer than ~1e-7 relative may then be broken differently).
     """
     n = tables.num_nodes
     C = tables.num_configs.tolist()
@@ -131,7 +133,7 @@ def vertex_elimination(tables: LayerCostTables, max_entries: int = 1 << 28, bloc
         largest_factor = max(largest_factor, size_s)
         fids = sorted(var_factors[v])
         parts = [factors[f] for f in fids]
-        val = _min_sum(parts, S, v, C, block_entries, dtype)
+        val = min_sum(parts, S, v, C, block_entries, dtype)
         history.append((v, S, parts))
         for f in fids:
             scope, _ = factors.pop(f)
@@ -159,52 +161,6 @@ def vertex_elimination(tables: LayerCostTables, max_entries: int = 1 << 28, bloc
     return idx, constant, stats
 
 
-def _min_sum(parts: list[tuple[tuple[int, ...], np.ndarray]], S: tuple[int, ...], v: int, C: list[int],
-             block_entries: int, dtype: Any = np.float64) -> np.ndarray:
-    """Join the factors ``parts`` (all mentioning v) and minimise over v: the new factor over S.
-
-    The join is laid out v-first, ``[C_v, *C_S]``, and built in slices of v's configurations
-    holding at most ``block_entries`` entries, with a running minimum across slices. Within a
-    slice the smaller factors are summed first (broadcasting to their union only), so the full
-    slice is written once and read once. The minimising configuration of v is not tabulated:
-    :func:`_best_config` recomputes it for the one combination of S that back-substitution needs.
-    """
-    axes = [v] + list(S)
-    pos = {x: i for i, x in enumerate(axes)}
-    shape_s = [C[x] for x in S]
-    aligned = []
-    for scope, arr in parts:
-        a = np.moveaxis(arr, scope.index(v), 0)
-        order = [v] + [x for x in scope if x != v]
-        shp = [1] * len(axes)
-        for x in order:
-            shp[pos[x]] = C[x]
-        aligned.append(a.reshape(shp).astype(dtype, copy=False))
-    aligned.sort(key=lambda a: a.size)
-    cv = C[v]
-    size_s = math.prod(shape_s)
-    blk = max(1, min(cv, block_entries // max(1, size_s)))
-    buf = np.empty([blk] + shape_s, dtype=dtype)
-    best = None
-    for c0 in range(0, cv, blk):
-        w = min(blk, cv - c0)
-        b = buf[:w]
-        if len(aligned) == 1:
-            np.copyto(b, aligned[0][c0:c0 + w])
-        else:
-            small = aligned[0][c0:c0 + w]
-            for a in aligned[1:-1]:
-                small = small + a[c0:c0 + w]
-            np.add(aligned[-1][c0:c0 + w], small, out=b)
-        m = b[0] if w == 1 else b.min(axis=0)
-        if best is None:
-            best = np.array(m, dtype=dtype, copy=True)
-        else:
-            np.minimum(best, m, out=best)
-    assert best is not None
-    return best.astype(np.float64, copy=False)
-
-
 def _best_config(v: int, parts: list[tuple[tuple[int, ...], np.ndarray]], idx: np.ndarray) -> int:
     """v's best configuration given its neighbours' (Alg. 1 line 25 for one combination): the
     first minimiser of the joined factors' slice, in float64."""
@@ -220,7 +176,7 @@ class PaSE(LayerSearch):
     """PaSE's vertex elimination (Alg. 1-3) with numpy table joins.
 
     ``max_entries``: the largest factor it builds; ``budget_s``: the elimination's time budget
-    (None: none); ``block_entries``: the slice a join is computed in; ``dtype`` of the joins:
+    (None: none); ``block_entries``: the join entries a thread takes at a time; ``dtype`` of the joins:
     float64 or float32 (:func:`vertex_elimination`). The space options are :class:`LayerSearch`'s.
 
     A search that would pass ``max_entries`` or ``budget_s`` still returns a plan: the best of the

@@ -67,8 +67,7 @@ def test_optcnn_inception_v3(benchmark, optcnn_problems, devices):
     assert_goal(benchmark, 0.05 if devices == 4 else 0.5, f"optcnn inception_v3 on {devices} GPUs")
 
 
-@pytest.mark.parametrize("model", ["inception_v3", pytest.param("transformer", marks=pytest.mark.xfail(
-    reason="goal not met: 28-42 s on 2026-11-23 (the joins of _min_sum, bound by memory traffic)", strict=False))])
+@pytest.mark.parametrize("model", ["inception_v3", "transformer"])
 def test_pase_p64(benchmark, pase_problems, model):
     tables, tables_s = _tables(pase_problems[model])
     idx, cost, stats = benchmark.pedantic(lambda: vertex_elimination(tables), rounds=1, iterations=1)
