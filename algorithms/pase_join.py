@@ -1,15 +1,22 @@
-"""PaSE's join-and-minimise step (Alg. 1 lines 20-25), compiled: the new factor over S of
-``min over v's configurations of the sum of the factors that mention v``, without writing the
-join.
+"""PaSE's join-and-minimise step (Alg. 1 lines 20-25): the new factor over S of ``min over v's
+configurations of the sum of the factors that mention v``.
 
-The join of the zoo Transformer at p = 64 reaches 1.5e9 entries from factors of a few million:
-written out and read back (numpy's broadcast sum, then ``min``) it is bound by memory traffic.
-Here each entry is summed in registers from the factors, which stay in cache, and only the
-minimum is written. Every factor is laid out with v's axis last and contiguous, so the inner
-loop over v's configurations reads each factor at unit stride. The sum keeps numpy's order
-(the factors sorted by size, the smaller ones added first, the largest added last), so the
-result is the same to the bit. Chunks of S run in parallel; each entry of the output is
-written by one thread alone, so the result does not depend on the threads.
+Two paths, equal to the bit (tests/test_pase.py):
+
+* numpy, for joins below :data:`COMPILED_FROM` entries: the join laid out v-first, built in
+  slices of v's configurations with a running minimum;
+* compiled (:mod:`algorithms.pase_join_kernel`, numba), from :data:`COMPILED_FROM` entries,
+  without writing the join. The zoo Transformer at p = 64 joins 1.5e9 entries from factors of
+  a few million: written out and read back that is bound by memory traffic. The kernel sums
+  each entry in registers from the factors, which stay in cache, and writes only the
+  minimum. Every factor is laid out with v's axis last and contiguous, so the inner loop over
+  v's configurations reads each factor at unit stride; S is walked with the dims the
+  smaller factors index least varying fastest, so their partial sum is reused. Chunks of S
+  run in parallel; each output entry is written by one thread alone, so the result does not
+  depend on the threads.
+
+Both sum in one order (the factors sorted by size, the smaller ones added first, the
+largest added last) and only the sums are rounded: no reassociation, no contraction.
 """
 
 from __future__ import annotations
@@ -18,68 +25,24 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
 
-
-# no-NaN / no-Inf / no-signed-zero facts only, so that the running minimum vectorises; no
-# reassociation or contraction: the sums keep numpy's order and rounding (costs are finite)
-@njit(parallel=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
-def _min_over_last(arrs, strides, shape_s, out_strides, cv, chunk, out):  # type: ignore[no-untyped-def]
-    nf = len(arrs)
-    nd = len(shape_s)
-    size_s = out.size
-    nchunks = (size_s + chunk - 1) // chunk
-    for ch in prange(nchunks):
-        tmp = np.empty(cv, dtype=out.dtype)
-        base = np.zeros(nf, dtype=np.int64)
-        prev = np.full(nf, -1, dtype=np.int64)
-        s1 = min(size_s, (ch + 1) * chunk)
-        for s in range(ch * chunk, s1):
-            for f in range(nf):
-                base[f] = 0
-            o = 0
-            rem = s
-            for k in range(nd - 1, -1, -1):
-                i = rem % shape_s[k]
-                rem //= shape_s[k]
-                o += i * out_strides[k]
-                for f in range(nf):
-                    base[f] += i * strides[f, k]
-            big = arrs[nf - 1]
-            last = base[nf - 1]
-            if nf == 1:
-                m = big[last]
-                for c in range(1, cv):
-                    m = min(m, big[last + c])
-                out[o] = m
-                continue
-            # the smaller factors' sum, again only where one of them moved
-            same = True
-            for f in range(nf - 1):
-                if base[f] != prev[f]:
-                    same = False
-                prev[f] = base[f]
-            if not same:
-                a0 = arrs[0]
-                b0 = base[0]
-                for c in range(cv):
-                    tmp[c] = a0[b0 + c]
-                for f in range(1, nf - 1):
-                    af = arrs[f]
-                    bf = base[f]
-                    for c in range(cv):
-                        tmp[c] += af[bf + c]
-            m = big[last] + tmp[0]
-            for c in range(1, cv):
-                m = min(m, big[last + c] + tmp[c])
-            out[o] = m
+#: joins of at least this many entries take the compiled kernel (numba's start-up, about 0.5 s
+#: per process, is worth it there); smaller ones numpy
+COMPILED_FROM = 1 << 24
 
 
 def min_sum(parts: list[tuple[tuple[int, ...], np.ndarray]], S: tuple[int, ...], v: int, C: list[int],
-            block_entries: int, dtype: Any = np.float64) -> np.ndarray:
-    """Join the factors ``parts`` (each a ``(scope, array)`` that mentions v) and minimise over v:
-    the new factor over ``S``, as float64. ``block_entries`` bounds the join entries a thread
-    takes at a time; ``dtype`` is the arithmetic's (float64, or float32 for speed)."""
+            block_entries: int, dtype: Any = np.float64, compiled: bool | None = None) -> np.ndarray:
+    """Join the factors ``parts`` (each a ``(scope, array)`` that mentions v; scopes sorted) and
+    minimise over v: the new factor over ``S``, as float64. ``block_entries`` bounds the join
+    entries held (numpy) or taken by a thread (compiled) at a time; ``dtype`` is the
+    arithmetic's (float64, or float32 for speed); ``compiled`` forces a path (None: by size)."""
+    if not (compiled if compiled is not None else math.prod(C[x] for x in S) * C[v] >= COMPILED_FROM):
+        return _min_sum_numpy(parts, S, v, C, block_entries, dtype)
+    from numba.typed import List
+
+    from algorithms.pase_join_kernel import min_over_last
+
     cv = C[v]
     shape_s = [C[x] for x in S]
     pos = {x: k for k, x in enumerate(S)}
@@ -108,6 +71,49 @@ def min_sum(parts: list[tuple[tuple[int, ...], np.ndarray]], S: tuple[int, ...],
     walk = sorted(range(len(S)), key=lambda k: -int(small[k]))
     out = np.empty(math.prod(shape_s), dtype=dtype)
     chunk = max(1, block_entries // max(1, cv))
-    _min_over_last(tuple(a for a, _ in laid), np.ascontiguousarray(strides[:, walk]), np.asarray(shape_s, dtype=np.int64)[walk],
+    arrs = List()  # one compiled specialisation per dtype, whatever the number of factors
+    for a, _ in laid:
+        arrs.append(a)
+    min_over_last(arrs, np.ascontiguousarray(strides[:, walk]), np.asarray(shape_s, dtype=np.int64)[walk],
                    out_strides[walk], cv, chunk, out)
     return out.reshape(shape_s).astype(np.float64, copy=False)
+
+
+def _min_sum_numpy(parts: list[tuple[tuple[int, ...], np.ndarray]], S: tuple[int, ...], v: int, C: list[int],
+                   block_entries: int, dtype: Any) -> np.ndarray:
+    """:func:`min_sum` with numpy: the join laid out v-first, ``[C_v, *C_S]``, built in slices of
+    v's configurations holding at most ``block_entries`` entries, with a running minimum across
+    slices; within a slice the smaller factors are summed first (broadcasting to their union
+    only), so the full slice is written once and read once."""
+    axes = [v] + list(S)
+    pos = {x: i for i, x in enumerate(axes)}
+    shape_s = [C[x] for x in S]
+    aligned = []
+    for scope, arr in parts:
+        a = np.moveaxis(arr, scope.index(v), 0)
+        shp = [1] * len(axes)
+        for x in scope:
+            shp[pos[x]] = C[x]
+        aligned.append(a.reshape(shp).astype(dtype, copy=False))
+    aligned.sort(key=lambda a: a.size)
+    cv = C[v]
+    blk = max(1, min(cv, block_entries // max(1, math.prod(shape_s))))
+    buf = np.empty([blk] + shape_s, dtype=dtype)
+    best = None
+    for c0 in range(0, cv, blk):
+        w = min(blk, cv - c0)
+        b = buf[:w]
+        if len(aligned) == 1:
+            np.copyto(b, aligned[0][c0:c0 + w])
+        else:
+            small = aligned[0][c0:c0 + w]
+            for a in aligned[1:-1]:
+                small = small + a[c0:c0 + w]
+            np.add(aligned[-1][c0:c0 + w], small, out=b)
+        m = b[0] if w == 1 else b.min(axis=0)
+        if best is None:
+            best = np.array(m, dtype=dtype, copy=True)
+        else:
+            np.minimum(best, m, out=best)
+    assert best is not None
+    return best.astype(np.float64, copy=False)

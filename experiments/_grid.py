@@ -21,6 +21,7 @@ from tqdm import tqdm
 class Job:
     key: tuple[tuple[str, str], ...]  # (column, value) pairs that identify the job in the table
     overrides: tuple[str, ...]
+    fn: Callable[[Sequence[str]], dict[str, Any]] | None = None  # this job's own runner (else run_jobs')
 
 
 def _worker(conn: Any, fn: Callable[[Sequence[str]], dict[str, Any]], overrides: Sequence[str]) -> None:
@@ -48,7 +49,7 @@ def run_jobs(jobs: Iterable[Job], fn: Callable[[Sequence[str]], dict[str, Any]],
         while todo and len(running) < workers:
             i = todo.pop()
             parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(child, fn, jobs[i].overrides), daemon=True)
+            p = ctx.Process(target=_worker, args=(child, jobs[i].fn or fn, jobs[i].overrides), daemon=True)
             p.start()
             child.close()
             running[i] = (p, parent, time.perf_counter())

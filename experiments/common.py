@@ -53,6 +53,19 @@ def algo_overrides(name: str) -> list[str]:
     return list(VARIANTS.get(name, [f"algo={name}"]))
 
 
+#: the keys by which an algorithm's YAML declares a wall-clock budget of its search
+BUDGET_KEYS = ("budget_s", "time_budget_s")
+
+
+def budget_overrides(name: str, seconds: float) -> list[str]:
+    """Overrides that give algorithm ``name`` of :func:`algorithms` a search budget of ``seconds``,
+    by the budget key its YAML declares (none when it declares none): what lets a grid with a
+    time limit per cell get an answer from every search instead of a timeout."""
+    base = next((o.split("=", 1)[1] for o in algo_overrides(name) if o.startswith("algo=")), name)
+    d = yaml.safe_load((CONF / "algo" / f"{base}.yaml").read_text()) or {}
+    return [f"algo.{k}={seconds:g}" for k in BUDGET_KEYS if k in d]
+
+
 def model_overrides(name: str, batch: int | None = None) -> list[str]:
     """The ``python -m harness`` overrides of a model at a batch size (None: the model's own)."""
     return [f"model={name}"] + ([f"model.batch_size={batch}"] if batch else [])

@@ -23,7 +23,7 @@ import pandas as pd
 
 from experiments._grid import Job, run_jobs
 from experiments.common import (
-    algo_overrides, algorithms, experiment_args, model_overrides, models_of, output_dir, print_table, style,
+    algo_overrides, algorithms, budget_overrides, experiment_args, model_overrides, models_of, output_dir, print_table, style,
 )
 from harness.compose import compose
 
@@ -213,9 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     timeout = a.timeout or (60.0 if a.quick else 600.0)
     out = output_dir(a)
     _capture_all(models, clusters)
+    # a search with a budget stops at half the cell's limit with its best answer (search_complete:
+    # false), leaving the rest for capture, cost tables and the simulation: no cell is a timeout
+    budget = timeout / 2
     jobs = [
         Job((("model", m), ("cluster", c), ("algo", alg)),
-            tuple(model_overrides(m, b) + [f"cluster={c}", *algo_overrides(alg), "output.trace=false", "output.gantt=false"]))
+            tuple(model_overrides(m, b) + [f"cluster={c}", *algo_overrides(alg), *budget_overrides(alg, budget),
+                                           "output.trace=false", "output.gantt=false"]))
         for m, b in models for c in clusters for alg in algos
     ]
     rows = run_jobs(jobs, run_cell, timeout, workers=a.workers, desc="leaderboard")

@@ -7,13 +7,22 @@ one ``harness.run`` job in a worker process with a time limit; on the synthetic 
 algorithm stops climbing once a size took more than a third of the limit (the next size is
 about three times larger), and the skipped sizes say so.  Every job also times the event
 simulator, which gives the throughput plot (tasks simulated per second against tasks).
+
+``--before REV`` also runs every point on git revision REV, exported to a temporary
+directory and run there as ``python -m harness`` (its result.json), each right after the
+same point on this tree: before-and-after columns measured in the same run on the same
+machine, the ladder of each version climbing on its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 import sys
+import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,7 +31,7 @@ import pandas as pd
 
 from experiments._grid import Job, run_jobs
 from experiments.common import (
-    algo_overrides, algorithms, experiment_args, model_overrides, models_of, output_dir, series_style, style, zoo_models,
+    REPO, algo_overrides, algorithms, experiment_args, model_overrides, models_of, output_dir, series_style, style, zoo_models,
 )
 from harness.compose import compose
 
@@ -40,6 +49,41 @@ def run_point(overrides: Sequence[str]) -> dict[str, Any]:
     return {"nodes": r["graph_nodes"], "plan_nodes": r["plan_nodes"], "search_s": r["search_seconds"],
             "simulate_s": r["simulate_seconds"], "tasks": tasks, "tasks_per_s": tasks / max(r["simulate_seconds"], 1e-12),
             "step_time_s": r["step_time_s"], "search_complete": r.get("search_complete", True)}
+
+
+def run_point_at(tree: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """:func:`run_point` on the source tree ``tree`` (another revision), as a ``python -m harness``
+    job there: its figures from its result.json."""
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [sys.executable, "-m", "harness", *overrides, "output.worth=false", f"hydra.run.dir={d}"]
+        p = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
+        if p.returncode:
+            lines = (p.stderr or p.stdout).strip().splitlines()
+            raise RuntimeError(lines[-1] if lines else f"exit code {p.returncode}")
+        r = json.loads((Path(d) / "result.json").read_text())
+    tasks = int(sum(r["num_tasks"].values()))
+    return {"nodes": r["graph_nodes"], "plan_nodes": r["plan_nodes"], "search_s": r["search_seconds"],
+            "simulate_s": r["simulate_seconds"], "tasks": tasks, "tasks_per_s": tasks / max(r["simulate_seconds"], 1e-12),
+            "step_time_s": r["step_time_s"], "search_complete": r.get("search_complete", True)}
+
+
+def export_revision(rev: str, into: Path) -> Path:
+    """The files of git revision ``rev`` of this repository, written under ``into``."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev], capture_output=True)
+    if archive.returncode:
+        raise SystemExit(f"scaling --before: git cannot export {rev!r}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def paired(jobs: list[Job], tree: Path | None) -> list[Job]:
+    """Each job for this tree, followed (with ``--before``) by the same job on the other revision."""
+    out = []
+    for j in jobs:
+        out.append(Job(j.key + (("version", "after"),), j.overrides))
+        if tree is not None:
+            out.append(Job(j.key + (("version", "before"),), j.overrides, partial(run_point_at, tree)))
+    return out
 
 
 def _is_layer(algo: str) -> bool:
@@ -95,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algos", nargs="*", default=None)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per point (default 300, quick 30)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--before", metavar="REV", default=None,
+                    help="also run every point on git revision REV, right after this tree's (before-and-after columns)")
     args = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(args)
     sizes = a.sizes or (QUICK_SIZES if a.quick else SIZES)
@@ -104,20 +150,25 @@ def main(argv: list[str] | None = None) -> int:
     out = output_dir(a)
     base = [f"cluster={CLUSTER}", "output.trace=false", "output.gantt=false"]
     rows: list[dict[str, Any]] = []
+    scratch = tempfile.TemporaryDirectory(prefix="scaling_before_") if a.before else None
+    tree = export_revision(a.before, Path(scratch.name)) if scratch is not None else None
+    versions = ["after"] + (["before"] if tree is not None else [])
 
     op_algos = [x for x in algos if not _is_layer(x)]
-    alive = list(op_algos)
+    alive = {v: list(op_algos) for v in versions}
     for n in sizes:
-        jobs = [Job((("family", "synthetic"), ("algo", x), ("size", str(n))),
-                    tuple([f"model=synthetic", f"model.nodes={n}", *base, *algo_overrides(x)])) for x in alive]
+        jobs = [j for j in paired([Job((("family", "synthetic"), ("algo", x), ("size", str(n))),
+                                       tuple([f"model=synthetic", f"model.nodes={n}", *base, *algo_overrides(x)]))
+                                   for x in op_algos], tree)
+                if dict(j.key)["algo"] in alive[dict(j.key)["version"]]]
         got = run_jobs(jobs, run_point, timeout, workers=a.workers, desc=f"synthetic {n}")
         rows += got
-        slow = {r["algo"] for r in got if r["status"] != "ok" or r["search_s"] > timeout / 3}
-        for x in sorted(slow):
-            later = [m for m in sizes if m > n]
-            rows += [{"family": "synthetic", "algo": x, "size": str(m), "status": "skipped",
-                      "error": f"not run: size {n} took more than a third of the {timeout:g} s limit"} for m in later]
-        alive = [x for x in alive if x not in slow]
+        for v in versions:
+            slow = {r["algo"] for r in got if r["version"] == v and (r["status"] != "ok" or r["search_s"] > timeout / 3)}
+            for x in sorted(slow):
+                rows += [{"family": "synthetic", "algo": x, "size": str(m), "version": v, "status": "skipped",
+                          "error": f"not run: size {n} took more than a third of the {timeout:g} s limit"} for m in sizes if m > n]
+            alive[v] = [x for x in alive[v] if x not in slow]
     for m, b in zoo:  # capture once in the parent; forked workers reuse it
         from harness.run import build
 
@@ -128,36 +179,65 @@ def main(argv: list[str] | None = None) -> int:
             src.layer_graph()
         except Exception:  # noqa: BLE001 - the layer cells will report the error
             pass
-    jobs = [Job((("family", "zoo"), ("algo", x), ("size", m if b is None else f"{m}:{b}")),
-                tuple([*model_overrides(m, b), *base, *algo_overrides(x)]))
-            for m, b in zoo for x in algos]
+    jobs = paired([Job((("family", "zoo"), ("algo", x), ("size", m if b is None else f"{m}:{b}")),
+                       tuple([*model_overrides(m, b), *base, *algo_overrides(x)]))
+                   for m, b in zoo for x in algos], tree)
     rows += run_jobs(jobs, run_point, timeout, workers=a.workers, desc="zoo")
     df = pd.DataFrame(rows)
     df.to_csv(out / "scaling.csv", index=False)
-    (out / "scaling.json").write_text(json.dumps({"cluster": CLUSTER, "timeout_s": timeout, "rows": rows}, indent=1, default=str))
-    plot(df, out)
+    (out / "scaling.json").write_text(json.dumps({"cluster": CLUSTER, "timeout_s": timeout, "before": a.before, "rows": rows},
+                                                 indent=1, default=str))
+    after = df[df["version"] == "after"]
+    plot(after, out)
+    lines = readme(df, timeout, shlex.join(["python", "-m", "experiments", "scaling", *args]), a.before)
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if scratch is not None:
+        scratch.cleanup()
+    return 0
+
+
+def readme(df: pd.DataFrame, timeout: float, cmd: str, before: str | None) -> list[str]:
+    """The README's lines: the largest synthetic graph each algorithm searched, the zoo's
+    search times and the simulator's throughput, before and after where ``--before`` ran."""
     ok = df[df["status"] == "ok"]
-    big = ok[ok["tasks"] >= 100_000]
+    versions = ["after"] + (["before"] if before else [])
     lines = [
         "# Scaling: search time against graph size, and simulator throughput",
         "",
-        f"Command: `{shlex.join(['python', '-m', 'experiments', 'scaling', *args])}` -> `scaling.csv` / `scaling.json` (every point),",
+        f"Command: `{cmd}` -> `scaling.csv` / `scaling.json` (every point),",
         "`search_time.png` (log-log, synthetic ladder and zoo), `simulator_throughput.png`. Benchmark JSON of the",
         "speed goals (pytest-benchmark) sits beside them as `benchmarks_*.json`.",
         "",
         f"Cluster {CLUSTER}; limit {timeout:g} s per point; an algorithm leaves the synthetic ladder after a size that",
         "took more than a third of the limit.",
-        "",
-        "| algorithm | largest synthetic graph searched | its search time (s) |",
-        "|---|---|---|",
     ]
+    if before:
+        lines += ["", f"**after** is this tree, **before** git revision `{before}`, each point of before run right after the same",
+                  "point of after, in the same run on the same machine (2 workers)."]
+    head = " | ".join(f"largest synthetic graph ({v}) | its search time ({v}, s)" for v in versions)
+    lines += ["", f"| algorithm | {head} |", "|---" * (1 + 2 * len(versions)) + "|"]
     syn = ok[ok["family"] == "synthetic"]
-    for algo, g in sorted(syn.groupby("algo"), key=lambda x: x[0]):
-        top = g.sort_values("nodes").iloc[-1]
-        lines.append(f"| {algo} | {int(top['nodes'])} | {top['search_s']:.3g} |")
-    if len(big):
-        lines += ["", f"Simulator throughput on steps of at least 100k tasks: median {np.median(big['tasks_per_s']):,.0f} tasks/s "
-                      f"(min {big['tasks_per_s'].min():,.0f}) over {len(big)} jobs."]
-    (out / "README.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    for algo in sorted(syn["algo"].unique()):
+        cells = []
+        for v in versions:
+            g = syn[(syn["algo"] == algo) & (syn["version"] == v)].sort_values("nodes")
+            cells += [f"{int(g.iloc[-1]['nodes'])}", f"{g.iloc[-1]['search_s']:.3g}"] if len(g) else ["-", "-"]
+        lines.append(f"| {algo} | {' | '.join(cells)} |")
+    zoo = ok[ok["family"] == "zoo"]
+    if before and len(zoo):
+        both = zoo.pivot_table(index=["size", "algo"], columns="version", values=["search_s", "simulate_s"]).dropna()
+        lines += ["", "Zoo models, median over the models each algorithm ran on in both versions (search and simulation seconds):", "",
+                  "| algorithm | models | search before (s) | search after (s) | before / after | simulate before (s) | simulate after (s) |",
+                  "|---|---|---|---|---|---|---|"]
+        for algo, g in both.groupby(level="algo"):
+            sb, sa = g[("search_s", "before")], g[("search_s", "after")]
+            lines.append(f"| {algo} | {len(g)} | {sb.median():.3g} | {sa.median():.3g} | {(sb / sa.clip(lower=1e-9)).median():.3g}x | "
+                         f"{g[('simulate_s', 'before')].median():.3g} | {g[('simulate_s', 'after')].median():.3g} |")
+    big = ok[ok["tasks"] >= 100_000]
+    for v in versions:
+        b = big[big["version"] == v]
+        if len(b):
+            lines += ["", f"Simulator throughput ({v}) on steps of at least 100k tasks (expansion included): median "
+                          f"{np.median(b['tasks_per_s']):,.0f} tasks/s (min {b['tasks_per_s'].min():,.0f}) over {len(b)} jobs."]
+    return lines

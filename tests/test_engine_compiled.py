@@ -1,7 +1,7 @@
-"""The compiled event loop and memory peaks (simulators/engine_loop.py) against their plain-Python
-statement (tests/engine_reference.py): the same timeline, busy and link times, critical path
-and memory peaks, bit for bit, on random DAGs in every order mode, with receives that preempt,
-and on planned zoo strategies (collectives, layer graphs)."""
+"""The engine's two loops: compiled (simulators/engine_loop.py, large task graphs) and plain
+Python (small ones) give the same timeline, busy and link times, critical path and memory
+peaks, bit for bit, on random DAGs in every order mode, with receives that preempt, and on
+planned zoo strategies (collectives, layer graphs)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,14 @@ from harness.run import build
 from simulators import engine
 from simulators.simulate import simulate
 from simulators.taskgraph import build_taskgraph
-from tests import engine_reference
 from tests.helpers import DEVICE, make_cluster, random_dags, random_topo_order
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def assert_same(tg, num_devices: int, num_links: int, mode: str) -> None:
-    got = engine.run(tg, num_devices, num_links, mode)
-    want = engine_reference.run(tg, num_devices, num_links, mode)
+    got = engine.run(tg, num_devices, num_links, mode, compiled=True)
+    want = engine.run(tg, num_devices, num_links, mode, compiled=False)
     for name in ("start", "end", "busy", "peak_mem", "link_busy"):
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
     assert got.makespan == want.makespan and got.critical_path == want.critical_path
@@ -60,6 +59,7 @@ def test_receives_that_preempt(g, ndev, seed, mode, per_message_us):
     ["algo=round_robin", "model=lenet5", "cluster=cpu2", "+cluster.host_comm.recv_when=busy"],
 ], ids=["collectives", "layer_graph_priority", "ready", "cpu_receives"])
 def test_planned_zoo_strategies(overrides):
+    """(The zoo's small graphs run the Python loop by default; both are forced here.)"""
     cfg = compose(overrides)
     source, cluster, costs, algo, _ = build(cfg)
     graph = source.op_graph() if algo.graph_kind == "op" else source.layer_graph()
@@ -74,6 +74,6 @@ def test_a_deadlock_is_refused_alike():
     cl = make_cluster(1)
     tg = simulate(make_graph(2, [(0, 1)]), Strategy.placement([0, 0]), cl, AnalyticalCostModel(cl)).taskgraph
     tg.prio[:] = tg.prio[::-1].copy()  # the reader first: it waits forever
-    for run in (engine.run, engine_reference.run):
+    for compiled in (True, False):
         with pytest.raises(engine.SimulationError, match="2 of 2 tasks not run .first waiting task 0"):
-            run(tg, 1, len(cl.links), "strict")
+            engine.run(tg, 1, len(cl.links), "strict", compiled=compiled)
