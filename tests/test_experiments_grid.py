@@ -113,3 +113,30 @@ def test_all_quick_regenerates_everything_into_a_scratch_dir(tmp_path):
     for paper in ("fddps", "celeritas", "optcnn", "pase"):
         assert list((tmp_path / paper).glob("*.csv")), paper
         assert list((tmp_path / paper).glob("*.png")), paper
+
+
+def test_scaling_before_runs_every_point_on_the_other_revision_too(tmp_path):
+    """--before REV: each point also runs on REV (here HEAD, exported from git), right after
+    this tree's; the table and the README carry both versions."""
+    rc = scaling.main(["--quick", "--sizes", "100", "--models", "lenet5", "--algos", "m_topo", "--before", "HEAD", "--out", str(tmp_path)])
+    assert rc == 0
+    df = pd.read_csv(tmp_path / "scaling.csv")
+    assert (df["status"] == "ok").all(), df[["version", "error"]]
+    assert sorted(df["version"]) == ["after", "after", "before", "before"]  # one synthetic and one zoo point each
+    both = df.pivot_table(index=["family", "algo"], columns="version", values="nodes")
+    assert (both["before"] == both["after"]).all()  # the same graphs
+    readme = (tmp_path / "README.md").read_text()
+    assert "**before** git revision `HEAD`" in readme and "| m_topo | 1 | " in readme
+    with pytest.raises(SystemExit, match="cannot export 'no-such-rev'"):
+        scaling.main(["--quick", "--sizes", "100", "--models", "lenet5", "--algos", "m_topo", "--before", "no-such-rev", "--out", str(tmp_path)])
+
+
+def test_a_grid_gives_each_search_with_a_budget_half_the_cells_limit():
+    """budget_overrides: the leaderboard's way to an answer in every cell: the key each
+    algorithm's YAML declares, nothing for one without."""
+    assert common.budget_overrides("optcnn", 30) == ["algo.budget_s=30"]
+    assert common.budget_overrides("hrl", 30) == ["algo.time_budget_s=30"]
+    assert common.budget_overrides("m_topo", 30) == []
+    assert common.budget_overrides("data_parallel@layer", 30) == []  # a variant reads its base algorithm's YAML
+    with_budget = {a for a in common.algorithms() if common.budget_overrides(a, 1)}
+    assert {"optcnn", "optcnn_dfs", "pase", "flexflow_mcmc", "hrl"} <= with_budget
