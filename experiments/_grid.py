@@ -39,6 +39,9 @@ def run_jobs(jobs: Iterable[Job], fn: Callable[[Sequence[str]], dict[str, Any]],
 
     Each result row gets ``status`` (ok / error / timeout), ``error`` and ``wall_s``.
     """
+    from simulators.engine import warm_up
+
+    warm_up()  # forked workers inherit the compiled event loop: no job pays numba's start-up
     ctx = mp.get_context("fork")
     jobs = list(jobs)
     rows: dict[int, dict[str, Any]] = {}

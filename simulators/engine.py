@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import heapq
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,20 +45,42 @@ class EngineResult:
     critical_path: float  # longest chain of compute time, communication counted as free
 
 
-#: task graphs at least this large run the compiled loop (simulators/engine_loop.py); smaller
-#: ones the Python loop, which is faster than numba's start-up (about 0.5 s per process) there
+#: the compiled loop (simulators/engine_loop.py) runs task graphs of at least COMPILED_FROM tasks
+#: once it is loaded in the process (:func:`warm_up`; a sweep loads it before its workers fork),
+#: and of at least COLD_FROM when loading it is part of the cost: numba's start-up, about 0.5 s
+#: per process, against the Python loop's 200k tasks/s and the compiled one's 6M
 COMPILED_FROM = 20_000
+COLD_FROM = 150_000
+
+
+def warm_up() -> None:
+    """Load the compiled loop and memory peaks (numba's cache, or a compile on a first run), so
+    that this process and the workers it forks run them with no start-up cost."""
+    from simulators.engine_loop import buffer_peaks, schedule
+
+    z = np.zeros(0, dtype=np.int64)
+    one = np.zeros(1, dtype=np.int64)
+    ptr = np.zeros(2, dtype=np.int64)
+    schedule(np.zeros(1), one, np.ones(1, dtype=np.bool_), ptr, z, ptr, z, one, one, one, np.zeros(0), np.array([0, 1]), one, 1, 0, 0)
+    buffer_peaks(1, np.ones(1, dtype=np.bool_), np.zeros(1), np.ones(1), ptr, z, ptr, z, one, one)
+
+
+def _compiled_by_default(num_tasks: int) -> bool:
+    """Whether a task graph of ``num_tasks`` runs compiled when the caller does not say."""
+    return num_tasks >= (COMPILED_FROM if "simulators.engine_loop" in sys.modules else COLD_FROM)
 
 
 def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict", compiled: bool | None = None) -> EngineResult:
     """Simulate the task graph; see the module docstring for the rules. The loop runs compiled
-    (:mod:`simulators.engine_loop`) from :data:`COMPILED_FROM` tasks, in Python below, or as
-    ``compiled`` says; both give the same timeline to the bit (tests/test_engine_compiled.py)."""
+    (:mod:`simulators.engine_loop`) on large task graphs (:data:`COMPILED_FROM`, :data:`COLD_FROM`),
+    in Python on small ones, or as ``compiled`` says; both give the same timeline to the bit
+    (tests/test_engine_compiled.py)."""
     if mode not in MODES:
         raise ValueError(f"sim.order must be one of {MODES}, got {mode!r}")
     T = tg.num_tasks
     comp_mask = tg.kind == COMPUTE
-    if compiled if compiled is not None else T >= COMPILED_FROM:
+    compiled = compiled if compiled is not None else _compiled_by_default(T)
+    if compiled:
         start_a, end_a, cp_a, stolen = _schedule_compiled(tg, num_devices, num_links, mode)
     else:
         start_a, end_a, cp_a, stolen = _schedule_python(tg, num_devices, num_links, mode)
@@ -250,7 +273,7 @@ def peak_memory(tg: TaskGraph, start: np.ndarray, end: np.ndarray, num_devices: 
     loop carries no memory bookkeeping; the parameters are static. Compiled
     (:func:`simulators.engine_loop.buffer_peaks`, one stable sort) where the loop is.
     """
-    if not (compiled if compiled is not None else len(start) >= COMPILED_FROM):
+    if not (compiled if compiled is not None else _compiled_by_default(len(start))):
         return _peaks_numpy(tg, start, end, num_devices)
     from simulators.engine_loop import buffer_peaks
 
