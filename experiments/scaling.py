@@ -44,7 +44,11 @@ CLUSTER = "p100x8"
 def run_point(overrides: Sequence[str]) -> dict[str, Any]:
     from harness.run import run
 
-    r = run(compose([*overrides, "output.worth=false"])).row
+    return point_of(run(compose([*overrides, "output.worth=false"])).row)
+
+
+def point_of(r: dict[str, Any]) -> dict[str, Any]:
+    """A point's figures from a job's result row (``result.json``)."""
     tasks = int(sum(r["num_tasks"].values()))
     return {"nodes": r["graph_nodes"], "plan_nodes": r["plan_nodes"], "search_s": r["search_seconds"],
             "simulate_s": r["simulate_seconds"], "tasks": tasks, "tasks_per_s": tasks / max(r["simulate_seconds"], 1e-12),
@@ -60,11 +64,7 @@ def run_point_at(tree: Path, overrides: Sequence[str]) -> dict[str, Any]:
         if p.returncode:
             lines = (p.stderr or p.stdout).strip().splitlines()
             raise RuntimeError(lines[-1] if lines else f"exit code {p.returncode}")
-        r = json.loads((Path(d) / "result.json").read_text())
-    tasks = int(sum(r["num_tasks"].values()))
-    return {"nodes": r["graph_nodes"], "plan_nodes": r["plan_nodes"], "search_s": r["search_seconds"],
-            "simulate_s": r["simulate_seconds"], "tasks": tasks, "tasks_per_s": tasks / max(r["simulate_seconds"], 1e-12),
-            "step_time_s": r["step_time_s"], "search_complete": r.get("search_complete", True)}
+        return point_of(json.loads((Path(d) / "result.json").read_text()))
 
 
 def export_revision(rev: str, into: Path) -> Path:

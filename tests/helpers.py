@@ -15,6 +15,7 @@ from harness.core.capture import TensorSpec
 from harness.core.cluster import Cluster, build_cluster
 from harness.core.errors import UserError
 from harness.core.graph import BATCHED, FORWARD, OpGraph
+from harness.core.strategy import Strategy
 
 REPO = Path(__file__).resolve().parents[1]
 DEVICE = {"kind": "TestGPU", "peak_tflops": 10.0, "mem_bw_GBps": 500.0, "mem_GiB": 16}
@@ -72,6 +73,19 @@ def random_topo_order(g: OpGraph, seed: int) -> np.ndarray:
                 ready.append(w)
     return order
 
+
+
+def random_placement(g: OpGraph, ndev: int, seed: int) -> Strategy:
+    """A seeded random placement of g on ``ndev`` devices, in a random topological order."""
+    rng = np.random.default_rng(seed)
+    return Strategy.placement(rng.integers(0, ndev, g.num_nodes), random_topo_order(g, seed))
+
+
+def receiving_cluster(ndev: int, per_message_us: float) -> Cluster:
+    """CPU-like ranks on a loopback mesh whose receives preempt the op they arrive during
+    (``host_comm.recv_when: busy``)."""
+    return build_cluster("cpu", DEVICE, gpus=ndev, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 50.0},
+                         host_comm={"per_message_us": per_message_us, "recv_idle_us": 5.0, "copy_GBps": 4.0, "recv_when": "busy"})
 
 # ---------------------------------------------------------------------------- a tiny model to capture
 class Tiny(nn.Module):

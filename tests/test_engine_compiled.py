@@ -11,14 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.compose import compose
-from harness.core.cluster import build_cluster
 from harness.core.costs import AnalyticalCostModel
 from harness.core.strategy import Strategy
 from harness.run import build
 from simulators import engine
 from simulators.simulate import simulate
 from simulators.taskgraph import build_taskgraph
-from tests.helpers import DEVICE, make_cluster, random_dags, random_topo_order
+from tests.helpers import make_cluster, random_dags, random_placement, receiving_cluster
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -36,19 +35,16 @@ def assert_same(tg, num_devices: int, num_links: int, mode: str) -> None:
 def test_random_placements(g, ndev, seed, mode, topo):
     cl = make_cluster(ndev, topology=topo, lat_us=3.0)
     costs = AnalyticalCostModel(cl, launch_us=1.0)
-    rng = np.random.default_rng(seed)
-    strat = Strategy.placement(rng.integers(0, ndev, g.num_nodes), random_topo_order(g, seed))
+    strat = random_placement(g, ndev, seed)
     assert_same(build_taskgraph(g, strat, cl, costs), ndev, len(cl.links), mode)
 
 
 @SETTINGS
 @given(random_dags(), st.integers(2, 3), st.integers(0, 2**31 - 1), st.sampled_from(engine.MODES), st.floats(0.0, 500.0))
 def test_receives_that_preempt(g, ndev, seed, mode, per_message_us):
-    cl = build_cluster("cpu", DEVICE, gpus=ndev, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 50.0},
-                       host_comm={"per_message_us": per_message_us, "recv_idle_us": 5.0, "copy_GBps": 4.0, "recv_when": "busy"})
+    cl = receiving_cluster(ndev, per_message_us)
     costs = AnalyticalCostModel(cl, launch_us=1.0)
-    rng = np.random.default_rng(seed)
-    strat = Strategy.placement(rng.integers(0, ndev, g.num_nodes), random_topo_order(g, seed))
+    strat = random_placement(g, ndev, seed)
     assert_same(build_taskgraph(g, strat, cl, costs), ndev, len(cl.links), mode)
 
 

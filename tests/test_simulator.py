@@ -13,7 +13,7 @@ from harness.core.strategy import ParallelConfig, Strategy, StrategyError
 from simulators import engine
 from simulators.simulate import simulate
 from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
-from tests.helpers import make_cluster, make_graph, random_dags, random_topo_order
+from tests.helpers import make_cluster, make_graph, random_dags, random_placement, receiving_cluster
 
 EPS = 1e-12
 
@@ -47,8 +47,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 def test_invariants_random_placements(g, ndev, seed, mode, topo):
     cl = make_cluster(ndev, topology=topo, lat_us=3.0)
     costs = AnalyticalCostModel(cl, launch_us=1.0)
-    rng = np.random.default_rng(seed)
-    strat = Strategy.placement(rng.integers(0, ndev, g.num_nodes), random_topo_order(g, seed))
+    strat = random_placement(g, ndev, seed)
     res = simulate(g, strat, cl, costs, order=mode)
     check_invariants(res)
     again = simulate(g, strat, cl, costs, order=mode)
@@ -65,14 +64,9 @@ def test_invariants_with_receives_that_preempt(g, ndev, seed, mode, per_message_
     still no overlap, every dependency kept, each compute task at least its duration, the
     devices' busy time is what their tasks took, and the same input gives the same timeline
     (the host-cost model's own cases: tests/test_hostcost.py)."""
-    from harness.core.cluster import build_cluster
-    from tests.helpers import DEVICE
-
-    cl = build_cluster("cpu", DEVICE, gpus=ndev, intra={"topology": "mesh", "cls": "loopback", "bw_GBps": 1.0, "lat_us": 50.0},
-                       host_comm={"per_message_us": per_message_us, "recv_idle_us": 5.0, "copy_GBps": 4.0, "recv_when": "busy"})
+    cl = receiving_cluster(ndev, per_message_us)
     costs = AnalyticalCostModel(cl, launch_us=1.0)
-    rng = np.random.default_rng(seed)
-    strat = Strategy.placement(rng.integers(0, ndev, g.num_nodes), random_topo_order(g, seed))
+    strat = random_placement(g, ndev, seed)
     res = simulate(g, strat, cl, costs, order=mode)
     tg, tl = res.taskgraph, res.timeline
     comp = np.flatnonzero(tg.kind == COMPUTE)
