@@ -24,7 +24,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from harness.core.cluster import Cluster
-from harness.core.layer_shards import ShardGrid, edge_itemsize, in_boxes, out_boxes, overlap_elements, resident_rule
+from harness.core.layer_shards import (
+    ShardGrid, edge_itemsize, in_boxes, out_boxes, overlap_elements, remote_elements, resident_rule,
+)
 from harness.core.layergraph import LayerGraph
 
 #: shard pairs (elements of the [Cu, Su, Cv, Sv] byte array) per chunk of producer configs
@@ -203,8 +205,7 @@ class TransferCosts:
         for c0 in range(0, Cu, block):
             sl = slice(c0, min(Cu, c0 + block))
             n = sl.stop - sl.start
-            T = resident_rule(overlap_elements(plo[sl], phi[sl], qlo, qhi), gu.devices[sl], gu.valid[sl], gu.group[sl],
-                              gu.first[sl], gv.devices, gv.valid)
+            T = remote_elements(self.lg, e, gu, gv, ov=overlap_elements(plo[sl], phi[sl], qlo, qhi), cu_slice=sl)
             T *= item
             nb[sl] = T.sum(axis=(1, 3))
             # bytes per (config pair, device pair): under the linear mapping the shard pairs are
