@@ -148,14 +148,22 @@ def test_t_x_counts_halos_and_only_the_non_resident_part(cl4, costs4):
     assert T.edge_bytes[1][cs, cs] == 0 and T.edge_cost[1][cs, cs] == 0
 
 
-def test_t_x_is_the_most_loaded_link_each_way_plus_latency():
-    """The vectorised t_X table against a direct loop over shard pairs and the links of their routes."""
+@pytest.mark.parametrize("space", ["optcnn", "pase"])  # PaSE's space has replicas (reduction splits)
+@pytest.mark.parametrize("mapping", ["linear", "spread"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_t_x_is_the_most_loaded_link_each_way_plus_latency(monkeypatch, compiled, mapping, space):
+    """The t_X table, vectorised (numpy) and compiled (the kernel of large builds), against a
+    direct loop over shard pairs and the links of their routes."""
+    import algorithms.layer_transfers as layer_transfers
     from harness.core.layer_shards import edge_itemsize, make_grid, remote_elements
 
+    monkeypatch.setattr(layer_transfers, "COMPILED_FROM", 0 if compiled else 1 << 62)
+    monkeypatch.setattr(layer_transfers, "COLD_FROM", 0 if compiled else 1 << 62)
     cl = make_cluster(2, nodes=2, lat_us=3.0)  # NVLink inside a host, a shared NIC between hosts
     costs = AnalyticalCostModel(cl)
     g = random_dag(5, 4, 0.7, B=16, C=64, L=32)
-    T = build_tables(g, cl, costs)
+    T = build_tables(g, cl, costs, SpaceOptions(space, "divides", 1, mapping))
+    assert T.meta["edge_tables_compiled"] is compiled
     D, L = cl.num_devices, len(cl.links)
     W = np.zeros((D, D, L))  # 1 / bandwidth of every link on the route i -> j
     for i in range(D):
