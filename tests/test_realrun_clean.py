@@ -345,8 +345,16 @@ def _interrupt_when_running(cmd: list[str], tmp: Path, sig: int, group: bool) ->
             time.sleep(0.5)
             (os.killpg if group else os.kill)(p.pid, sig)
             # what is pinned is that every rank ends and nothing is left, not how fast (alone it
-            # exits within 7 s); a hang fails it
-            out, err = p.communicate(timeout=120)
+            # exits within 7 s); a hang fails it, saying what was still running and what it wrote
+            try:
+                out, err = p.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                table = _table()
+                left = [f"{pid} {table[pid][1]} {table[pid][2][:100]}" for pid in sorted(_alive(set(w.seen) | {p.pid}))]
+                os.killpg(p.pid, signal.SIGKILL)
+                out, err = p.communicate(timeout=30)
+                pytest.fail(f"no exit within 120 s of {signal.Signals(sig).name}; still running: {left}; "
+                            f"its stderr ends:\n{err[-4000:]}")
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
