@@ -137,6 +137,27 @@ def scaling_table(tp: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def batch_table(tp: pd.DataFrame) -> pd.DataFrame:
+    """Per single-GPU workload published at two or more batch sizes (in images/s), the step time
+    split as ``fixed + per_sample x batch`` (least squares over its batches), published and per
+    cost model simulated: what a simulated step lacks or has too much of that does not grow with
+    the batch (framework and launch overheads, the update) against what does."""
+    rows = []
+    single = tp[(tp["gpus"] == 1) & (tp["unit"] == "img/s")]
+    for (device, precision, work), g in single.groupby(["device", "precision", single["id"].map(_workload_key)]):
+        g = g[g["calibrated_status"] == "ok"]
+        if g["batch_per_gpu"].nunique() < 2:
+            continue
+        batch = g["batch_per_gpu"].to_numpy(dtype=float)
+        rec: dict[str, Any] = {"device": device, "workload": work, "precision": precision,
+                               "batches": "/".join(str(int(b)) for b in sorted(batch))}
+        for name, col in (("published", "published"), *((c, f"{c}_sim") for c in COSTS)):
+            per_sample, fixed = np.polyfit(batch, batch / g[col].to_numpy(dtype=float), 1)
+            rec[f"{name}_fixed_ms"], rec[f"{name}_per_sample_ms"] = 1e3 * fixed, 1e3 * per_sample
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
 def _per_gpu_batch(r: Any) -> int:
     # the CSV gives multi-GPU rows their global batch in batch_per_gpu; the id names the per-GPU batch
     m = re.search(r"_b(\d+)$", r.id)
@@ -219,7 +240,31 @@ def _md(df: pd.DataFrame, cols: Sequence[str], fmt: dict[str, str] | None = None
     return "\n".join(lines)
 
 
-def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, kf: pd.DataFrame, quick: bool) -> None:
+def _batch_lines(bt: pd.DataFrame) -> list[str]:
+    """The README section of :func:`batch_table`, its reading computed from the table."""
+    if bt.empty:
+        return ["No single-GPU workload here is published at two batch sizes.", ""]
+    gap = bt["published_fixed_ms"] - bt["calibrated_fixed_ms"]
+    ratio = bt["calibrated_per_sample_ms"] / bt["published_per_sample_ms"]
+    return [
+        "Single-GPU rows of one workload at several batch sizes, their step time fitted as fixed + per-sample x batch",
+        "(milliseconds). A fixed part the simulation lacks is time that does not grow with the batch: framework and",
+        "kernel-launch overheads, the update; a per-sample part it lacks is time in the kernels themselves.",
+        "",
+        _md(bt, ["device", "workload", "precision", "batches", "published_fixed_ms", "calibrated_fixed_ms", "analytical_fixed_ms",
+                 "published_per_sample_ms", "calibrated_per_sample_ms", "analytical_per_sample_ms"],
+            {c: "{:.2f}" for c in bt.columns if c.endswith("_ms")}),
+        "",
+        f"Reading: the published steps carry {gap.min():.0f}-{gap.max():.0f} ms more fixed time than the calibrated "
+        f"simulation; its per-sample time is {ratio.min():.2f}-{ratio.max():.2f}x the published "
+        f"({', '.join(f'{w} {r:.2f}x' for w, r in zip(bt['workload'], ratio))}).",
+        "",
+    ]
+
+
+def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, kf: pd.DataFrame, quick: bool,
+                 bt: pd.DataFrame | None = None) -> None:
+    bt = batch_table(tp) if bt is None else bt
     cal, ana = summary(tp, "calibrated"), summary(tp, "analytical")
     bad = tp[(tp["calibrated_status"] == "ok") & ((tp["calibrated_ratio"] - 1).abs() > 0.25)]
     good = tp[(tp["calibrated_status"] == "ok") & ((tp["calibrated_ratio"] - 1).abs() <= 0.10)]
@@ -273,6 +318,9 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, kf: pd.DataFrame
                                                                           "analytical_eff": "{:.3f}", "calibrated_points": "{:+.1f}",
                                                                           "analytical_points": "{:+.1f}"}),
         "",
+        "## Fixed and per-sample cost",
+        "",
+        *_batch_lines(bt),
         "## Kernel fit (DeepBench rows the fit did not see)",
         "",
         "`python -m harness.kernel_fit` fits each class on a seeded 70 % of DeepBench's kernels; the errors below are",
@@ -304,12 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     sim = run_rows(pub)
     tp = throughput_table(pub, sim)
     sc = scaling_table(tp)
+    bt = batch_table(tp)
     kf = kernel_fit_errors(refit=not a.quick)
     tp.to_csv(out / "throughput.csv", index=False)
     sc.to_csv(out / "scaling.csv", index=False)
+    bt.to_csv(out / "batch_cost.csv", index=False)
     kf.to_csv(out / "kernel_fit.csv", index=False)
     plot(tp, out / "predicted_vs_published.png")
-    write_readme(out, tp, sc, kf, a.quick)
+    write_readme(out, tp, sc, kf, a.quick, bt)
     print_table(tp.to_dict("records"), ["id", "published", "calibrated_sim", "calibrated_ratio", "analytical_ratio"],
                 title="simulated / published throughput")
     for costs in COSTS:

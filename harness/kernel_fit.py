@@ -46,7 +46,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.core.kernel_model import CONV_FLAGS, DATA, KNOTS, TABLE, TABLE_FORMAT, FitError, KernelModel, conv_flags
+from harness.core.kernel_model import (
+    CONV_FLAGS, DATA, KNOTS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, TABLE_FORMAT, FitError, KernelModel, conv_flags,
+)
 
 GPU_DATA = DATA / "gpu"
 

@@ -48,6 +48,25 @@ def test_scaling_matches_the_single_gpu_row_of_the_same_per_gpu_batch():
     assert row["calibrated_points"] == pytest.approx(10.0)
 
 
+def test_batch_table_splits_fixed_from_per_sample_time():
+    """Rows built from known fixed and per-sample times give them back; a workload at one batch
+    size, a multi-GPU row and a tokens/s row are left out."""
+    def row(i, batch, gpus=1, unit="img/s", pub=(0.020, 0.004), cal=(0.005, 0.004), ana=(0.001, 0.006)):
+        tput = {k: batch / (f + s * batch) for k, (f, s) in (("published", pub), ("calibrated_sim", cal), ("analytical_sim", ana))}
+        return {"id": i, "device": "P100-SXM2", "gpus": gpus, "batch_per_gpu": batch, "precision": "FP32", "unit": unit,
+                "calibrated_status": "ok", **tput}
+    tp = pd.DataFrame([row("p100_resnet50_b64", 64), row("p100_resnet50_b32", 32), row("p100_resnet50_b16", 16),
+                       row("p100_vgg16_b64", 64), row("p100x4_resnet50_b64", 256, gpus=4),
+                       row("v100_tbig_b80", 80, unit="tok/s"), row("v100_tbig_b40", 40, unit="tok/s")])
+    bt = gpu_accuracy.batch_table(tp).set_index("workload")
+    assert list(bt.index) == ["resnet50"] and bt.loc["resnet50", "batches"] == "16/32/64"
+    assert bt.loc["resnet50", "published_fixed_ms"] == pytest.approx(20.0)
+    assert bt.loc["resnet50", "published_per_sample_ms"] == pytest.approx(4.0)
+    assert bt.loc["resnet50", "calibrated_fixed_ms"] == pytest.approx(5.0)
+    assert bt.loc["resnet50", "analytical_per_sample_ms"] == pytest.approx(6.0)
+    assert "15-15 ms more fixed time" in "\n".join(gpu_accuracy._batch_lines(bt.reset_index()))
+
+
 def test_unknown_row_is_a_one_line_error(capsys):
     with pytest.raises(SystemExit) as e:
         gpu_accuracy.main(["--rows", "no_such_row"])
