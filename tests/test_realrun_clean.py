@@ -331,6 +331,17 @@ def _driver_env(tmp: Path) -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), "TMPDIR": str(tmp)}
 
 
+def _signal_state(pid: int) -> str:
+    """A process's blocked, ignored and caught signal masks and the kernel function it sleeps in
+    (what a hung process was doing with the signal it was sent)."""
+    try:
+        status = {k: v.strip() for k, v in (line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)}
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return "(gone)"
+    return f"[blk {status.get('SigBlk')} ign {status.get('SigIgn')} cgt {status.get('SigCgt')} wchan {wchan}]"
+
+
 def _interrupt_when_running(cmd: list[str], tmp: Path, sig: int, group: bool) -> tuple[subprocess.CompletedProcess, Watcher]:
     """Start ``cmd``, wait until both ranks have their idle spinners (past the rendezvous), send
     ``sig`` to it (``group``: to its whole process group, as a terminal's Ctrl-C does); its exit."""
@@ -350,7 +361,7 @@ def _interrupt_when_running(cmd: list[str], tmp: Path, sig: int, group: bool) ->
                 out, err = p.communicate(timeout=120)
             except subprocess.TimeoutExpired:
                 table = _table()
-                left = [f"{pid} {table[pid][1]} {table[pid][2][:100]}" for pid in sorted(_alive(set(w.seen) | {p.pid}))]
+                left = [f"{pid} {table[pid][1]} {_signal_state(pid)} {table[pid][2][:100]}" for pid in sorted(_alive(set(w.seen) | {p.pid}))]
                 os.killpg(p.pid, signal.SIGKILL)
                 out, err = p.communicate(timeout=30)
                 pytest.fail(f"no exit within 120 s of {signal.Signals(sig).name}; still running: {left}; "
