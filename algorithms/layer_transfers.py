@@ -67,19 +67,6 @@ class RouteIncidence:
                     if lat[a, b] > 0:
                         self.lat_of[p, groups.index((k, float(lat[a, b])))] = 1.0
 
-    def csr(self, cluster: Cluster) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The routes as the compiled kernel reads them: link ids of the route of device pair
-        ``i * D + j`` (CSR ``ptr``, ``idx``), 1 / bandwidth per link and the route latencies."""
-        D = cluster.num_devices
-        ptr = np.zeros(D * D + 1, dtype=np.int64)
-        idx: list[int] = []
-        for i in range(D):
-            for j in range(D):
-                idx.extend(int(link) for link in cluster.routes[i][j])
-                ptr[i * D + j + 1] = len(idx)
-        inv_bw = np.array([1.0 / link.bw for link in cluster.links], dtype=np.float64)
-        return ptr, np.asarray(idx, dtype=np.int64), inv_bw, np.ascontiguousarray(cluster.route_lat, dtype=np.float64)
-
     def time(self, pair_bytes: np.ndarray, pairs: np.ndarray) -> np.ndarray:
         """Per row of ``pair_bytes`` [n, P] (the bytes of the device pairs ``pairs``), forward
         plus backward: the most loaded link's seconds plus the slowest latency among the routes
@@ -105,7 +92,10 @@ class TransferCosts:
         self.lg = lg
         self.num_devices = cluster.num_devices
         self.routes = RouteIncidence(cluster)
-        self.route_csr = self.routes.csr(cluster)
+        #: the routes as the compiled kernel reads them: the cluster's padded link ids and route
+        #: lengths per device pair, 1 / bandwidth per link, the route latencies
+        self.route_arrays = (cluster.route_links, cluster.route_len, np.array([1.0 / link.bw for link in cluster.links]),
+                             np.ascontiguousarray(cluster.route_lat, dtype=np.float64))
         #: None: the compiled kernel where it pays (:data:`COMPILED_FROM`, :data:`COLD_FROM`)
         self.compiled = compiled
         self.kernel_used = False
@@ -178,16 +168,19 @@ class TransferCosts:
                 pending.setdefault(key, []).append(e)
         if progress is not None:
             progress(lg.num_edges - sum(len(es) for es in pending.values()))
+
+        def store(key: tuple, res: tuple[np.ndarray, np.ndarray]) -> None:
+            if key[0] != "edge":
+                self.cache[key] = res
+            for e in pending[key]:
+                t_out[e], b_out[e] = res
+            if progress is not None:
+                progress(len(pending[key]))
+
         if self._use_kernel(pending, grids):
             self.kernel_used = True
             for key, es in pending.items():
-                res = self.compute_compiled(es[0], grids[int(lg.src[es[0]])], grids[int(lg.dst[es[0]])])
-                if key[0] != "edge":
-                    self.cache[key] = res
-                for e in es:
-                    t_out[e], b_out[e] = res
-                if progress is not None:
-                    progress(len(es))
+                store(key, self.compute_compiled(es[0], grids[int(lg.src[es[0]])], grids[int(lg.dst[es[0]])]))
             return t_out, b_out  # type: ignore[return-value]
         alike: dict[tuple, list[tuple]] = {}
         for key, es in pending.items():
@@ -199,12 +192,7 @@ class TransferCosts:
             for k0 in range(0, len(keys), per):
                 batch = keys[k0:k0 + per]
                 for key, res in zip(batch, self.compute([pending[k][0] for k in batch], grids, linear)):
-                    if key[0] != "edge":
-                        self.cache[key] = res
-                    for e in pending[key]:
-                        t_out[e], b_out[e] = res
-                    if progress is not None:
-                        progress(len(pending[key]))
+                    store(key, res)
         return t_out, b_out  # type: ignore[return-value]
 
     def _use_kernel(self, pending: dict[tuple, list[int]], grids: Sequence[ShardGrid]) -> bool:
@@ -231,7 +219,7 @@ class TransferCosts:
         nb = np.zeros((gu.num_configs, gv.num_configs))
         edge_table(plo, phi, qlo, qhi, arr(gu.devices, np.int64), arr(gu.valid, np.bool_), arr(gu.group, np.int64),
                    arr(gu.first, np.bool_), arr(gv.devices, np.int64), arr(gv.valid, np.bool_), edge_itemsize(self.lg, e),
-                   *self.route_csr, t, nb)
+                   *self.route_arrays, t, nb)
         return t, nb
 
     def compute(self, edges: list[int], grids: Sequence[ShardGrid], linear: bool) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -20,17 +20,17 @@ from numba import njit, prange
 
 @njit(cache=True, parallel=True)  # one row of the table per thread: no shared writes
 def edge_table(plo, phi, qlo, qhi, dev_u, valid_u, group, first, dev_v, valid_v, item,  # type: ignore[no-untyped-def]
-               route_ptr, route_idx, inv_bw, lat, t, nb):
+               route_links, route_len, inv_bw, lat, t, nb):
     """Fill ``t[cu, cv]`` (t_X: most loaded link forward + backward, plus the slowest latency of
     each direction among the routes used) and ``nb[cu, cv]`` (forward bytes) of one edge.
 
     Boxes ``plo/phi [Cu, Su, A]``, ``qlo/qhi [Cv, Sv, A]``; shards ``dev_*``, ``valid_*``, the
-    producer's replica ``group`` and ``first`` ``[C, S]``; routes as CSR over device pairs
-    ``i * D + j`` (``route_ptr``, ``route_idx``), ``inv_bw`` per link, ``lat [D, D]``.
+    producer's replica ``group`` and ``first`` ``[C, S]``; the cluster's routes
+    (:class:`harness.core.cluster.Cluster`: ``route_links [D, D, K]``, padded, and
+    ``route_len [D, D]``), ``inv_bw`` per link and ``lat [D, D]``.
     """
     Cu, Su, A = plo.shape
     Cv, Sv = qlo.shape[0], qlo.shape[1]
-    D = lat.shape[0]
     L = inv_bw.shape[0]
     for cu in prange(Cu):
         loads = np.zeros(2 * L)  # forward links, then backward
@@ -75,17 +75,15 @@ def edge_table(plo, phi, qlo, qhi, dev_u, valid_u, group, first, dev_v, valid_v,
                         continue
                     b = ov * item
                     total += b
-                    p = du * D + dv
-                    for k in range(route_ptr[p], route_ptr[p + 1]):
-                        link = route_idx[k]
+                    for k in range(route_len[du, dv]):
+                        link = route_links[du, dv, k]
                         if not is_touched[link]:
                             is_touched[link] = True
                             touched[nt] = link
                             nt += 1
                         loads[link] += b * inv_bw[link]
-                    q = dv * D + du
-                    for k in range(route_ptr[q], route_ptr[q + 1]):
-                        link = route_idx[k]
+                    for k in range(route_len[dv, du]):
+                        link = route_links[dv, du, k]
                         if not is_touched[L + link]:
                             is_touched[L + link] = True
                             touched[nt] = L + link

@@ -262,9 +262,7 @@ def _batch_lines(bt: pd.DataFrame) -> list[str]:
     ]
 
 
-def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, kf: pd.DataFrame, quick: bool,
-                 bt: pd.DataFrame | None = None) -> None:
-    bt = batch_table(tp) if bt is None else bt
+def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame, kf: pd.DataFrame, quick: bool) -> None:
     cal, ana = summary(tp, "calibrated"), summary(tp, "analytical")
     bad = tp[(tp["calibrated_status"] == "ok") & ((tp["calibrated_ratio"] - 1).abs() > 0.25)]
     good = tp[(tp["calibrated_status"] == "ok") & ((tp["calibrated_ratio"] - 1).abs() <= 0.10)]
@@ -359,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     bt.to_csv(out / "batch_cost.csv", index=False)
     kf.to_csv(out / "kernel_fit.csv", index=False)
     plot(tp, out / "predicted_vs_published.png")
-    write_readme(out, tp, sc, kf, a.quick, bt)
+    write_readme(out, tp, sc, bt, kf, a.quick)
     print_table(tp.to_dict("records"), ["id", "published", "calibrated_sim", "calibrated_ratio", "analytical_ratio"],
                 title="simulated / published throughput")
     for costs in COSTS:
