@@ -46,7 +46,7 @@ def fastt_schedule(graph: OpGraph, cluster: Cluster, costs: CostModel, insertion
     sg = SchedGraph.from_opgraph(graph, cluster, costs)
     bl = blevel(sg, sg.w, sg.c)
     cp = tlevel(sg, sg.w, sg.c) + bl
-    return sg, ready_list_schedule(sg, cluster, comm_fn(costs, cluster), [cp, bl], insertion=insertion)
+    return sg, ready_list_schedule(sg, cluster, comm_fn(costs), [cp, bl], insertion=insertion)
 
 
 class FastT(Algorithm):
@@ -99,7 +99,7 @@ class FastT(Algorithm):
 
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         t0 = time.perf_counter()
-        comm = comm_fn(costs, cluster)
+        comm = comm_fn(costs)
         g = graph
         origin = np.arange(graph.num_nodes)
         sg, sched = fastt_schedule(g, cluster, costs, self.insertion)

@@ -24,7 +24,7 @@ from algorithms.base import Algorithm
 from algorithms.fddps_dcp import SLOT_RULES, DCPScheduler
 from algorithms.opsplit import DEFAULT_SPLIT_OPS, SplitRule, split_for_fddps
 from algorithms.sched.orders import order_from_starts
-from algorithms.sched.schedgraph import SchedGraph, comm_fn
+from algorithms.sched.schedgraph import SchedGraph, comm_fn, route_tables
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -51,8 +51,9 @@ class FDDPS(Algorithm):
         slot: str = "lst",
         horizon: int | str = "auto",
         eps: float = 1e-9,
-        exact_up_to: int = 20000,
+        exact_up_to: int = 100000,
         auto_horizon: int = 64,
+        compiled: bool | None = None,
     ) -> None:
         super().__init__(name, seed)
         if slot not in SLOT_RULES:
@@ -68,11 +69,15 @@ class FDDPS(Algorithm):
         self.eps = float(eps)
         self.exact_up_to = int(exact_up_to)
         self.auto_horizon = int(auto_horizon)
+        if compiled not in (None, True, False):
+            raise ValueError(f"fddps.compiled must be null (by graph size), true or false, got {compiled!r}")
+        self.compiled = compiled
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "split": self.split, "split_ops": self.split_ops, "min_time_ms": self.min_time_ms,
                 "max_param_MiB": self.max_param_MiB, "split_dim": self.split_dim, "slot": self.slot, "horizon": self.horizon,
-                "eps": self.eps, "exact_up_to": self.exact_up_to, "auto_horizon": self.auto_horizon}
+                "eps": self.eps, "exact_up_to": self.exact_up_to, "auto_horizon": self.auto_horizon,
+                "compiled": self.compiled}
 
     def horizon_for(self, num_nodes: int) -> int:
         """The slot-search horizon for a graph: ``auto`` is exact (0) up to ``exact_up_to``
@@ -94,7 +99,8 @@ class FDDPS(Algorithm):
         t_split = time.perf_counter() - t0
         sg = SchedGraph.from_opgraph(g, cluster, costs)
         horizon = self.horizon_for(g.num_nodes)
-        sched = DCPScheduler(sg, cluster, comm_fn(costs, cluster), self.eps, self.slot, horizon)
+        sched = DCPScheduler(sg, cluster, comm_fn(costs), self.eps, self.slot, horizon, routes=route_tables(costs),
+                             compiled=self.compiled)
         t1 = time.perf_counter()
         dev, start = sched.run()
         t_sched = time.perf_counter() - t1

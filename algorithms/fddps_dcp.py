@@ -84,16 +84,20 @@ step):
 What stays superlinear is the slot search of Eq. 11 itself: a low-priority operator with
 an early EST (a sink of an early layer) scans every gap after its EST on every device.
 ``horizon=N`` (approximate; 0 = exact) searches only the last N gaps of each device.  The
-default ``horizon=auto`` is exact up to ``exact_up_to`` (20k) nodes - every zoo graph - and
-searches the last ``auto_horizon`` (64) gaps beyond, which is what keeps an 80k-node graph
-within two minutes; ``horizon=0`` keeps the exact search at any size.  Step times of the
-modes are in tests/benchmarks/test_bench_fddps.py and results/fddps/README.md.
+default ``horizon=auto`` is exact up to ``exact_up_to`` (100k) nodes and searches the last
+``auto_horizon`` (64) gaps beyond; ``horizon=0`` keeps the exact search at any size.
+
+Graphs of :data:`COMPILED_FROM` nodes and more run the same steps compiled
+(:mod:`algorithms.fddps_dcp_kernel`, numba; the same schedule to the bit, 24x faster on a 20k-node graph),
+which is what makes the exact search on an 80k-node graph take seconds, not minutes.  Step
+times of the modes are in tests/benchmarks/test_bench_fddps.py and results/fddps/README.md.
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
+import sys
 from typing import Any
 
 import numpy as np
@@ -106,6 +110,11 @@ from algorithms.sched.timeline import GapIndex
 from harness.core.cluster import Cluster
 
 SLOT_RULES = ("lst", "idle")
+#: graphs of at least COMPILED_FROM nodes run compiled (algorithms/fddps_dcp_kernel.py) once the
+#: kernel is loaded in the process, COLD_FROM before: loading it from numba's cache costs about
+#: 0.6 s (the first compile in a fresh checkout about 8 s), what Python takes for 4-5k nodes
+COMPILED_FROM = 500
+COLD_FROM = 5_000
 RULES = ("parent", "lookahead", "earliest", "fallback", "pinned")
 
 
@@ -124,7 +133,8 @@ class DCPScheduler:
     """
 
     def __init__(self, sg: SchedGraph, cluster: Cluster, comm: CommFn, eps: float = 1e-9, slot_rule: str = "lst",
-                 horizon: int = 0, gap_index: bool = True) -> None:
+                 horizon: int = 0, gap_index: bool = True, routes: tuple[np.ndarray, np.ndarray] | None = None,
+                 compiled: bool | None = None) -> None:
         if slot_rule not in SLOT_RULES:
             raise ValueError(f"fddps slot must be one of {SLOT_RULES}, got {slot_rule!r}")
         self.slot_rule = slot_rule
@@ -134,6 +144,12 @@ class DCPScheduler:
         # with idle-gap slots nothing placed ever moves: a block index finds the gaps
         self.gidx = [GapIndex() for _ in range(cluster.num_devices)] if slot_rule == "idle" and gap_index else None
         self.sg, self.cluster, self.comm = sg, cluster, comm
+        if compiled and routes is None:
+            raise ValueError("the compiled FD-DPS run needs the route tables of comm (schedgraph.route_tables)")
+        #: route latency and bandwidth that ``comm`` computes from, for the compiled run
+        self.routes = routes
+        #: None: the compiled run where it pays (:data:`COMPILED_FROM`, :data:`COLD_FROM`)
+        self.compiled = compiled
         self.eps = float(eps)
         n, D = sg.num_nodes, cluster.num_devices
         self.n, self.D = n, D
@@ -162,7 +178,7 @@ class DCPScheduler:
         self.seq = [-1] * n
         self.nseq = 0
         self.stats: dict[str, Any] = {**{f"rule_{r}": 0 for r in RULES}, "forward_updates": 0, "bl_recomputed": 0,
-                                      "bl_marked": 0, "slot_scans": 0, "horizon_cuts": 0}
+                                      "bl_marked": 0, "slot_scans": 0, "horizon_cuts": 0, "schedule_compiled": False}
 
     # ------------------------------------------------------------------ DCPL and the ready queue
     def push_dcpl(self, v: int) -> None:
@@ -289,7 +305,20 @@ class DCPScheduler:
         self.stats["bl_marked"] += k
 
     # ------------------------------------------------------------------ main loop
+    def use_compiled(self) -> bool:
+        """Whether :meth:`run` takes the compiled kernel: ``compiled`` if given, else from
+        :data:`COMPILED_FROM` nodes once it is loaded and :data:`COLD_FROM` before (numba's
+        start-up), when the transfer costs are route tables."""
+        if self.compiled is not None:
+            return self.compiled
+        if self.routes is None:
+            return False
+        return self.n >= (COMPILED_FROM if "algorithms.fddps_dcp_kernel" in sys.modules else COLD_FROM)
+
     def run(self) -> tuple[np.ndarray, np.ndarray]:
+        """Place every node (Alg. 3); returns (device, start) arrays."""
+        if self.use_compiled():
+            return self.run_compiled()
         for v in self.ready.sources():
             self.push_dcpl(v)
             self.push_ready(v)
@@ -298,6 +327,37 @@ class DCPScheduler:
         if any(d < 0 for d in self.dev):
             raise RuntimeError("FD-DPS left nodes unscheduled")
         return np.asarray(self.dev, dtype=np.int64), np.asarray(self.TL)
+
+    def run_compiled(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`run` by :func:`algorithms.fddps_dcp_kernel.dcp_run` (the same schedule, bit for
+        bit); the final device, TL, memory and statistics are copied back."""
+        from algorithms.fddps_dcp_kernel import STATS, dcp_run
+
+        assert self.routes is not None
+        sg, mem, coloc = self.sg, self.memory, self.memory.coloc
+        pptr, pred, peid = sg.pred_csr()
+        sptr, succ, seid = sg.succ_csr()
+        i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731 - one compiled signature
+        f64 = lambda x: np.ascontiguousarray(x, dtype=np.float64)  # noqa: E731
+        pin, free, missing = i64(coloc.pin), f64(mem.free), i64(self.missing)
+        dev, TL, stats, fallbacks, ok = dcp_run(
+            i64(pptr), i64(pred), i64(peid), i64(sptr), i64(succ), i64(seid), f64(self.nb), f64(self.cbar), f64(sg.et),
+            f64(self.wbar), f64(self.bl_static), i64(coloc.group_arr), pin, f64(mem.group_mem), f64(mem.mem_arr), free,
+            missing, f64(self.routes[0]), f64(self.routes[1]), self.eps, self.slot_rule == "lst",
+            self.horizon if self.gidx is None else 0)  # the gap index searches every idle gap
+        if not ok:
+            raise RuntimeError("FD-DPS: no schedulable node left but the graph is not fully scheduled (a cycle?)")
+        self.dev, self.TL = dev.tolist(), TL.tolist()
+        self.missing[:] = missing.tolist()
+        for g, d in enumerate(pin.tolist()):
+            if d >= 0 and coloc.pin[g] < 0:
+                coloc.pin_group(g, d)
+        mem.free = free.tolist()
+        mem.fallbacks += int(fallbacks)
+        for name, k in zip(STATS, stats.tolist()):
+            self.stats[name] += k
+        self.stats["schedule_compiled"] = True
+        return dev, TL
 
     def step(self) -> int:
         """Schedule one node (Alg. 3 lines 9-26); returns it."""

@@ -49,7 +49,7 @@ class HEFT(Algorithm):
     def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
         sg = SchedGraph.from_opgraph(graph, cluster, costs)
         rank_u = blevel(sg, sg.w, sg.c)
-        sched = ready_list_schedule(sg, cluster, comm_fn(costs, cluster), [rank_u], insertion=self.insertion)
+        sched = ready_list_schedule(sg, cluster, comm_fn(costs), [rank_u], insertion=self.insertion)
         order = order_from_starts(sched.start, graph)
         info = {
             "objective_s": sched.makespan,
@@ -63,5 +63,5 @@ class HEFT(Algorithm):
 def heft_schedule(sg: SchedGraph, cluster: Cluster, costs: CostModel, insertion: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(device, start, finish) of HEFT on an already built :class:`SchedGraph` (for tests and
     for comparing schedulers on hand-made cost tables)."""
-    sched = ready_list_schedule(sg, cluster, comm_fn(costs, cluster), [blevel(sg, sg.w, sg.c)], insertion=insertion)
+    sched = ready_list_schedule(sg, cluster, comm_fn(costs), [blevel(sg, sg.w, sg.c)], insertion=insertion)
     return sched.device, sched.start, sched.finish

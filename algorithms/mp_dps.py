@@ -100,7 +100,7 @@ class MPDPS(Algorithm):
         q = sg.quotient(group, cluster)
         oct_ = optimistic_cost_table(q)
         rank = oct_.mean(axis=1)
-        sched = ready_list_schedule(q, cluster, comm_fn(costs, cluster), [rank], bias=oct_, insertion=self.insertion)
+        sched = ready_list_schedule(q, cluster, comm_fn(costs), [rank], bias=oct_, insertion=self.insertion)
         dev, start = expand_group_starts(group, sched, sg.et, sg)
         order = order_from_starts(start, graph)
         info = {

@@ -50,7 +50,7 @@ def test_fastt_priorities_are_static_critical_path_lengths():
     costs = TableCosts(cl, W)
     sg, sched = fastt_schedule(g, cl, costs)
     assert sched.makespan > 0
-    path = schedule_critical_path(sg, sched, comm_fn(costs, cl))
+    path = schedule_critical_path(sg, sched, comm_fn(costs))
     assert path[0] == 0 and path[-1] == 9  # the entry and the exit task fix the makespan
     fin, st = sched.finish, sched.start
     assert (fin[g.src] <= st[g.dst] + 1e-9).all()
@@ -111,7 +111,7 @@ def test_expanded_starts_respect_edges():
     sg = SchedGraph.from_opgraph(g, cl, AnalyticalCostModel(cl))
     group = np.array([0, 0, 1, 1, 1, 2])
     q = sg.quotient(group, cl)
-    sched = ready_list_schedule(q, cl, comm_fn(AnalyticalCostModel(cl), cl), [np.zeros(q.num_nodes)])
+    sched = ready_list_schedule(q, cl, comm_fn(AnalyticalCostModel(cl)), [np.zeros(q.num_nodes)])
     dev, start = expand_group_starts(group, sched, sg.et, sg)
     assert (start[g.src] <= start[g.dst]).all()
     assert len(set(dev[[2, 3, 4]].tolist())) == 1

@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 from algorithms.fddps import FDDPS
 from algorithms.fddps_dcp import DCPScheduler
 from algorithms.opsplit import SplitRule, choose_splits, split_graph
-from algorithms.sched.schedgraph import SchedGraph, comm_fn
+from algorithms.sched.schedgraph import SchedGraph, comm_fn, route_tables
 from algorithms.sched.timeline import GapIndex, Timeline
 from harness.core.cluster import Cluster, Device, DeviceSpec, Link
 from harness.core.costs import AnalyticalCostModel
+from harness.compose import compose
 from harness.core.graph import BATCHED, PARTIAL
+from harness.run import build
 from simulators.simulate import simulate
 from tests.helpers import make_cluster, make_graph
 from tests.fddps_reference import FullRecomputeScheduler, VerifiedScheduler, partial_schedule_levels
@@ -34,7 +36,7 @@ def fig3():
 def test_figure3_critical_paths_53_and_35():
     g, cl, costs = fig3()
     sg = SchedGraph.from_opgraph(g, cl, costs)
-    comm = comm_fn(costs, cl)
+    comm = comm_fn(costs)
     # (b) o2 on Device0 after o1, o3 on Device1: critical path o1-o3-o4 of length 53
     est, lst, dcpl, path = partial_schedule_levels(sg, comm, [0, 0, 1, 0], [[0, 1, 3], [2]])
     assert dcpl == pytest.approx(53.0) and path == [0, 2, 3]
@@ -69,7 +71,7 @@ def test_a_join_goes_to_the_parent_device_where_it_starts_earliest(slot):
     cl = three_processors()
     g = make_graph(3, [(0, 2), (1, 2)], nbytes=[2, 3])
     costs = TableCosts(cl, np.array([[3.0] * 3, [5.0] * 3, [5.0] * 3]))
-    sched = DCPScheduler(SchedGraph.from_opgraph(g, cl, costs), cl, comm_fn(costs, cl), slot_rule=slot)
+    sched = DCPScheduler(SchedGraph.from_opgraph(g, cl, costs), cl, comm_fn(costs), slot_rule=slot)
     dev, start = sched.run()
     assert dev.tolist() == [1, 0, 0] and start.tolist() == [0.0, 0.0, 5.0]
     assert sched.stats["rule_parent"] == 1
@@ -86,7 +88,7 @@ def test_an_operator_without_parents_or_children_goes_where_it_starts_earliest()
     cl = three_processors()
     g = make_graph(4, [])
     costs = TableCosts(cl, np.array([[10.0] * 3, [7.0] * 3, [2.0] * 3, [1.0] * 3]))
-    sched = DCPScheduler(SchedGraph.from_opgraph(g, cl, costs), cl, comm_fn(costs, cl), slot_rule="idle")
+    sched = DCPScheduler(SchedGraph.from_opgraph(g, cl, costs), cl, comm_fn(costs), slot_rule="idle")
     dev, start = sched.run()
     assert dev.tolist() == [0, 1, 2, 2] and start.tolist() == [0.0, 0.0, 0.0, 2.0]
     assert sched.stats["rule_earliest"] == 4
@@ -113,15 +115,80 @@ def test_incremental_updates_equal_full_recomputation(seed, slot):
     costs = AnalyticalCostModel(cl)
     sg = SchedGraph.from_opgraph(g, cl, costs)
     # the verified scheduler recomputes EST/LST/DCPL of the whole graph after every step and compares
-    inc = VerifiedScheduler(sg, cl, comm_fn(costs, cl), slot_rule=slot)
+    inc = VerifiedScheduler(sg, cl, comm_fn(costs), slot_rule=slot)
     dev, start = inc.run()
-    full = FullRecomputeScheduler(sg, cl, comm_fn(costs, cl), slot_rule=slot)
+    full = FullRecomputeScheduler(sg, cl, comm_fn(costs), slot_rule=slot)
     dev2, start2 = full.run()
     assert dev.tolist() == dev2.tolist() and start.tolist() == start2.tolist()
     if slot == "idle":  # the block index of idle gaps gives the linear scan's answers
-        lin = DCPScheduler(sg, cl, comm_fn(costs, cl), slot_rule=slot, gap_index=False)
+        lin = DCPScheduler(sg, cl, comm_fn(costs), slot_rule=slot, gap_index=False)
         dev3, start3 = lin.run()
         assert dev.tolist() == dev3.tolist() and start.tolist() == start3.tolist()
+
+
+def _dcp(sg, cl, costs, slot, horizon, compiled):
+    sched = DCPScheduler(sg, cl, comm_fn(costs), slot_rule=slot, horizon=horizon, routes=route_tables(costs), compiled=compiled)
+    dev, start = sched.run()
+    stats = {k: v for k, v in sched.stats.items() if k != "schedule_compiled"}
+    return dev.tolist(), start.tolist(), stats, sched.memory.free, sched.memory.fallbacks, sched.stats["schedule_compiled"]
+
+
+@pytest.mark.parametrize("horizon", [0, 3])
+@pytest.mark.parametrize("slot", ["lst", "idle"])
+@pytest.mark.parametrize("seed", range(8))
+def test_the_compiled_run_gives_the_python_schedule_bit_for_bit(seed, slot, horizon):
+    """algorithms/fddps_dcp_kernel.py against DCPScheduler's Python steps: devices, starts,
+    every counter, the memory left and the fall-backs; co-location groups on even seeds, equal
+    costs (ties) on seeds 1 mod 4, and devices too small for everything on seeds 2 mod 4 (the
+    memory filter and its fall-back)."""
+    rng = np.random.default_rng(seed)
+    g = random_graph(rng, int(rng.integers(30, 150)), coloc=seed % 2 == 0)
+    if seed % 4 == 1:  # equal costs everywhere: ties in every rule's choice
+        g.flops[:] = np.where(g.flops > 0, 1e9, 0.0)
+        g.nbytes[:] = 1_000_000
+    tight = seed % 4 == 2
+    if tight:
+        g.out_bytes[:] = rng.integers(1, 2**28, g.num_nodes)
+    ndev = int(rng.integers(2, 6))
+    # tight: all devices together hold less than the graph, so the filter empties and falls back
+    cl = make_cluster(ndev, topology="mesh" if seed % 3 else "switch", lat_us=2.0)
+    if tight:
+        need = float(AnalyticalCostModel(cl).memory(g).sum())
+        cl = make_cluster(ndev, topology="mesh" if seed % 3 else "switch", lat_us=2.0, mem_GiB=need / 2**30 / (ndev + 1))
+    costs = AnalyticalCostModel(cl)
+    sg = SchedGraph.from_opgraph(g, cl, costs)
+    py = _dcp(sg, cl, costs, slot, horizon, False)
+    cc = _dcp(sg, cl, costs, slot, horizon, True)
+    assert not py[5] and cc[5]
+    if slot == "idle":  # the Python run finds idle gaps in its block index, which counts no scans
+        for stats in (py[2], cc[2]):
+            del stats["slot_scans"], stats["horizon_cuts"]
+    assert py[:5] == cc[:5]
+    assert (py[4] > 0) == tight
+
+
+def test_the_compiled_run_replays_a_zoo_plan():
+    """ResNet-50's split op graph on p100x8: the same plan and objective either way."""
+    cfg = compose(["model=resnet50", "model.batch_size=16", "cluster=p100x8"])
+    src, cl, costs, _, _ = build(cfg)
+    g = src.op_graph(**cfg.graph)
+    plans = [FDDPS(compiled=c).plan(g, cl, costs) for c in (False, True)]
+    assert [p.info["schedule_compiled"] for p in plans] == [False, True]
+    assert plans[0].strategy == plans[1].strategy
+    assert plans[0].info["objective_s"] == plans[1].info["objective_s"]
+
+
+def test_transfers_that_are_not_route_tables_stay_in_python():
+    class Odd(AnalyticalCostModel):
+        def transfer_time(self, nbytes, src, dst):
+            return 0.0 if src == dst else 1e-3
+
+    cl = make_cluster(2)
+    assert route_tables(Odd(cl)) is None and route_tables(AnalyticalCostModel(cl)) is not None
+    g = random_graph(np.random.default_rng(0), 40)
+    assert FDDPS(split=False).plan(g, cl, Odd(cl)).info["schedule_compiled"] is False
+    with pytest.raises(ValueError, match="route tables"):
+        FDDPS(split=False, compiled=True).plan(g, cl, Odd(cl))
 
 
 @settings(max_examples=60, deadline=None)
@@ -200,6 +267,8 @@ def test_options_are_checked():
         FDDPS(horizon=-1)
     with pytest.raises(ValueError, match="split dim"):
         FDDPS(split_dim="height")
+    with pytest.raises(ValueError, match="compiled"):
+        FDDPS(compiled="yes")
 
 
 # ---------------------------------------------------------------------------- splitting (Sec. 4.1)

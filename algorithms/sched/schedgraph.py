@@ -121,12 +121,27 @@ class SchedGraph(EdgeListGraph):
         return SchedGraph(G, qs, qd, nb, et, w, c, mem, coloc, names)
 
 
-def comm_fn(costs: CostModel, cluster: Cluster) -> CommFn:
-    """c_ij for a concrete device pair: ``costs.transfer_time``; for the analytical model the
-    same formula (route latency + bytes / route bandwidth) read from Python lists."""
+def route_tables(costs: CostModel) -> tuple[np.ndarray, np.ndarray] | None:
+    """(latency, bandwidth) ``[D, D]`` of the routes when c_ij is the analytical model's route
+    latency + bytes / route bandwidth (the calibrated and profiled models take their transfers
+    from their analytical model), else None."""
+    from harness.core.calibrated import CalibratedCostModel
+    from harness.core.profiled import ProfiledCostModel
+
+    if type(costs).transfer_time in (CalibratedCostModel.transfer_time, ProfiledCostModel.transfer_time):
+        costs = costs.analytical  # type: ignore[attr-defined]
     if isinstance(costs, AnalyticalCostModel) and type(costs).transfer_time is AnalyticalCostModel.transfer_time:
-        lat = cluster.route_lat.tolist()
-        bw = cluster.route_bw.tolist()
+        return costs.cluster.route_lat, costs.cluster.route_bw
+    return None
+
+
+def comm_fn(costs: CostModel) -> CommFn:
+    """c_ij for a concrete device pair: ``costs.transfer_time``; for the analytical formula
+    (:func:`route_tables`) the same sum read from Python lists."""
+    routes = route_tables(costs)
+    if routes is not None:
+        lat = routes[0].tolist()
+        bw = routes[1].tolist()
 
         def comm(nbytes: float, a: int, b: int) -> float:
             if a == b or nbytes <= 0:
