@@ -32,7 +32,8 @@ from harness.core.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
 from harness.run import run
 from harness.core.strategy import ParallelConfig, Strategy
 from simulators.simulate import simulate
-from simulators.taskgraph import COMPUTE, make_shards
+from simulators.shards import make_shards
+from simulators.taskgraph import COMPUTE
 from tests.helpers import make_graph
 
 REL = 1e-9  # float rounding only

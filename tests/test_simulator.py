@@ -12,8 +12,10 @@ from harness.core.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
 from harness.core.strategy import ParallelConfig, Strategy, StrategyError
 from simulators import engine
 from simulators.simulate import simulate
+from simulators.shards import make_shards
 from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
-from tests.helpers import make_cluster, make_graph, random_dags, random_placement, receiving_cluster
+from tests.helpers import IMG, LABEL, Tiny, make_cluster, make_graph, random_dags, random_placement, random_topo_order, receiving_cluster
+from tests.taskgraph_reference import make_shards_loop
 
 EPS = 1e-12
 
@@ -83,6 +85,78 @@ def test_invariants_with_receives_that_preempt(g, ndev, seed, mode, per_message_
     assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) - EPS
     again = simulate(g, strat, cl, costs, order=mode)
     assert np.array_equal(tl.end, again.timeline.end)
+
+
+SHARD_FIELDS = ("node", "dev", "dur", "prio", "forward", "mem", "is_coll", "coll_devices", "e_src", "e_dst", "e_bytes",
+                "e_data", "r_shard", "r_param", "home")
+
+
+def assert_same_shards(g, strat, cl, costs) -> None:
+    """simulators.shards (arrays) against tests/taskgraph_reference.py (the loop), field by field."""
+    got, want = make_shards(g, strat, cl, costs), make_shards_loop(g, strat, cl, costs)
+    for name in SHARD_FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        if isinstance(b, dict):
+            assert a == b, name
+        else:
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+
+
+def mixed_strategy(g, ndev: int, seed: int) -> Strategy:
+    """Some nodes placed, the others on sample configs: all devices in a random order, the same
+    reversed (same degree, other devices per shard), the first half of them (consumers off
+    the producer's devices), and the first tuple again as a config of its own (a partial read
+    by its own replica)."""
+    rng = np.random.default_rng(seed)
+    perm = tuple(rng.permutation(ndev).tolist())
+    tuples = [perm, perm[::-1], perm[: max(1, ndev // 2)], perm]
+    configs = [ParallelConfig.make({"sample": len(t)}, t) for t in tuples]
+    cid = np.where(rng.random(g.num_nodes) < 0.25, -1, rng.integers(0, len(configs), g.num_nodes))
+    dev = np.where(cid < 0, rng.integers(0, ndev, g.num_nodes), -1)
+    return Strategy(dev, random_topo_order(g, seed), cid, configs)
+
+
+@SETTINGS
+@given(random_dags(25), st.integers(2, 4), st.integers(0, 2**31 - 1))
+def test_shards_on_arrays_equal_the_loop(g, ndev, seed):
+    """Every role on both ends of an edge, uneven splits (overlapping batch parts), replicas
+    read locally, all-reduces, placed nodes among split ones."""
+    rng = np.random.default_rng(seed)
+    g.batch_role[:] = rng.choice([BATCHED, PARTIAL, REPLICATED], g.num_nodes)
+    g.free[:] = rng.random(g.num_nodes) < 0.2
+    g.out_bytes[:] = rng.integers(0, 10**7, g.num_nodes)
+    cl = make_cluster(ndev, lat_us=1.0)
+    assert_same_shards(g, mixed_strategy(g, ndev, seed), cl, AnalyticalCostModel(cl))
+
+
+@pytest.fixture(scope="module")
+def tiny_graph():
+    from harness.core.capture import capture
+
+    return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
+
+
+@pytest.mark.parametrize("how", ["data_parallel", "mixed", "placement"])
+def test_shards_on_arrays_equal_the_loop_on_a_captured_graph(tiny_graph, how):
+    """A captured training step: parameters, their home devices and reads, batch-norm's partial
+    statistics, the optimizer's updates."""
+    g = tiny_graph
+    cl = make_cluster(4)
+    if how == "data_parallel":
+        strat = Strategy.uniform_config(g.num_nodes, ParallelConfig.make({"sample": 4}, range(4)))
+    elif how == "mixed":
+        strat = mixed_strategy(g, 4, 3)
+    else:
+        strat = random_placement(g, 4, 3)
+    assert_same_shards(g, strat, cl, AnalyticalCostModel(cl))
+
+
+def test_a_config_split_along_another_dim_is_named():
+    g = make_graph(3, [(0, 1), (1, 2)])
+    strat = Strategy(np.array([0, -1, -1]), np.arange(3), np.array([-1, 1, 0]),
+                     [ParallelConfig.make({"sample": 2}, [0, 1]), ParallelConfig.make({"channel": 2}, [0, 1])])
+    with pytest.raises(StrategyError, match=r"node 1 \(v1\) is split along \['channel'\]"):
+        make_shards(g, strat, make_cluster(2), AnalyticalCostModel(make_cluster(2)))
 
 
 @SETTINGS

@@ -25,7 +25,7 @@ from simulators.realrun.job import Job, RankProgram, RealRunError
 from simulators.realrun.launcher import launch, write_job
 from simulators.realrun.measured import Measured
 from simulators.simulate import SimResult, simulate
-from simulators.taskgraph import param_home_nodes
+from simulators.shards import param_home_nodes
 
 
 #: a device kind that names a CPU: :func:`harness.core.timing.device_name`'s "<model> (N thread(s))"

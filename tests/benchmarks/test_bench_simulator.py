@@ -1,7 +1,9 @@
 """Simulator speed: resnet200's op graph on 8 devices (goal < 1 s) and throughput on a
-synthetic 100k-node graph, steps of 110k-260k tasks (the speed issue's goal: a median of at
+synthetic 100k-node graph, steps of 110k-800k tasks (the speed issue's goal: a median of at
 least 1M tasks/s and no round under 300k tasks/s; simulate() whole: the task graph's
-expansion, the compiled event loop and the memory peaks)."""
+expansion, the compiled event loop and the memory peaks).  Two placements and data
+parallelism on all 8 devices (800k shards, their edges and one all-reduce per gradient: the
+expansion of configs, simulators/shards.py)."""
 
 from __future__ import annotations
 
@@ -31,14 +33,16 @@ def test_simulate_resnet200_8_devices(benchmark, resnet200_h100x8, algo):
     benchmark.extra_info.update({"nodes": g.num_nodes, "tasks": sum(res.num_tasks.values())})
 
 
-@pytest.mark.parametrize("placement", ["round_robin", "blocks"])
+@pytest.mark.parametrize("placement", ["round_robin", "blocks", "data_parallel"])
 def test_throughput_synthetic_100k(benchmark, placement):
     cfg = compose(["model=synthetic", "model.nodes=100000", "cluster=h100x8"])
     src, cluster, costs, _, _ = build(cfg)
     g = src.op_graph()
     n = g.num_nodes
-    dev = np.arange(n) % 8 if placement == "round_robin" else (np.arange(n) * 8) // n
-    strat = Strategy.placement(dev)
+    if placement == "data_parallel":
+        strat = DataParallel().plan(g, cluster, costs).strategy
+    else:
+        strat = Strategy.placement(np.arange(n) % 8 if placement == "round_robin" else (np.arange(n) * 8) // n)
     res = benchmark.pedantic(lambda: simulate(g, strat, cluster, costs), rounds=9, iterations=1, warmup_rounds=1)
     tasks = sum(res.num_tasks.values())
     st = benchmark.stats.stats
