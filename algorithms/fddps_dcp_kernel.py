@@ -389,7 +389,7 @@ def dcp_run(pptr, pred, peid, sptr, succ, seid, nb, cbar, et, wbar, bl_static, g
                         rule = R_PARENT if use_par else R_EARLIEST
                     else:
                         # Eq. 12: the device minimising start(o) + start(o_c) with o_c right after o
-                        k0, k1 = 0.0, 0.0
+                        best_sum, best_start = 0.0, 0.0  # the key (start(o) + start(o_c), start(o), device)
                         for j in range(npool):
                             d = pool[j]
                             s = starts[d]
@@ -401,8 +401,8 @@ def dcp_run(pptr, pred, peid, sptr, succ, seid, nb, cbar, et, wbar, bl_static, g
                                 t = TL[q] + ETa[q] + _comm(nb[peid[i]], dev[q], d, lat, bw)
                                 if t > sc:
                                     sc = t
-                            if j == 0 or s + sc < k0 or (s + sc == k0 and s < k1):
-                                k0, k1, best_d = s + sc, s, d
+                            if j == 0 or s + sc < best_sum or (s + sc == best_sum and s < best_start):
+                                best_sum, best_start, best_d = s + sc, s, d
                         rule = R_PARENT if use_par else R_LOOKAHEAD
         stats[rule] += 1
         # Update (Sec. 4.3 (3)): put o on best_d in its slot, then TL / BL / DCPL
