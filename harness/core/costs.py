@@ -216,7 +216,8 @@ class AnalyticalCostModel:
         spec = self.cluster.devices[device].spec
         per_graph = self._parts.setdefault(graph, {})
         if spec.kind not in per_graph:
-            eff = np.array([self.efficiency.get(op_class(t), self.efficiency["other"]) for t in graph.targets])
+            by_target = {t: self.efficiency.get(op_class(t), self.efficiency["other"]) for t in set(graph.targets)}
+            eff = np.array([by_target[t] for t in graph.targets])  # a graph has few distinct targets
             t_flop = graph.flops / (node_peaks(graph, spec) * eff)
             t_mem = graph.work_bytes / (spec.mem_bw * self.mem_efficiency)
             scaled = np.where(graph.free, 0.0, np.maximum(t_flop, t_mem))
