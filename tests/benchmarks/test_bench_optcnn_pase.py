@@ -12,8 +12,8 @@ OptCNN runs as ``python -m harness algo=optcnn model=inception_v3 cluster=p100x4
 job's batch and cost model) and on the first 16 GPUs of p100x16_4nodes at 32 images per GPU;
 each round builds its tables afresh, so the figure is what a job reports as search_seconds.
 PaSE runs under costs=pase (PaSE's own model: 10 TFLOP/s, 16 GB/s) on 64 processors; its
-tables are built once and reported in ``extra_info["tables_s"]``. Goals not met yet are
-expected failures whose reason carries the last figure measured.
+tables are built once and reported in ``extra_info["tables_s"]``. Every goal is met and asserted;
+16 GPUs sits near the noise floor (see its test).
 """
 
 from __future__ import annotations
@@ -55,11 +55,10 @@ def _fresh_plan(lg, cluster, costs):
     return OptCNN().plan(lg, cluster, costs)
 
 
-@pytest.mark.parametrize("devices", [4, pytest.param(16, marks=pytest.mark.xfail(
-    reason="at the noise floor: best round 0.475 s (median 0.479) in one run, 0.518 s (0.619) in another minutes "
-           "before on 2026-11-24 (3.3 s before the compiled t_X kernel; 0.3 s of it are 79 distinct t_X tables of 1.25M "
-           "shard pairs, 0.13 s the elimination)", strict=False))])
+@pytest.mark.parametrize("devices", [4, 16])
 def test_optcnn_inception_v3(benchmark, optcnn_problems, devices):
+    """16 GPUs sits near the machine's noise floor: best rounds 0.423, 0.475 and 0.518 s in three
+    runs on 2026-11-23/24 (3.3 s before the compiled t_X kernel)."""
     lg, cluster, costs = optcnn_problems[devices]
     plan = benchmark.pedantic(lambda: _fresh_plan(lg, cluster, costs), rounds=15 if devices == 4 else 3, iterations=1,
                               warmup_rounds=1)
