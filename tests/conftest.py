@@ -1,4 +1,4 @@
-"""Shared fixtures: small graphs, clusters and cost models that need no capture."""
+"""Shared fixtures: small clusters and cost models, and the tiny captured CNN of tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ if "HARNESS_CACHE_DIR" not in os.environ:
 
 from harness.core.cluster import Cluster
 from harness.core.costs import AnalyticalCostModel
-from tests.helpers import make_cluster
+from harness.core.graph import OpGraph
+from tests.helpers import IMG, LABEL, Tiny, make_cluster
 
 
 @pytest.fixture
@@ -34,3 +35,11 @@ def cluster4() -> Cluster:
 @pytest.fixture
 def costs4(cluster4: Cluster) -> AnalyticalCostModel:
     return AnalyticalCostModel(cluster4, efficiency={"gemm": 1.0, "conv": 1.0}, launch_us=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_graph() -> OpGraph:
+    """The tiny CNN of tests/helpers.py captured at batch 8, once per test module (a module may change it)."""
+    from harness.core.capture import capture
+
+    return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")

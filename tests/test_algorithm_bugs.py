@@ -23,14 +23,6 @@ from harness.core.graph import OpGraph
 from simulators.simulate import simulate
 from simulators.taskgraph import COLLECTIVE, COMPUTE
 from tests.helpers import make_cluster, make_graph
-from tests.helpers import IMG, LABEL, Tiny
-
-
-@pytest.fixture(scope="module")
-def tiny_graph() -> OpGraph:
-    from harness.core.capture import capture
-
-    return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
 
 def costs_for(cl):

@@ -12,16 +12,8 @@ from algorithms.sched.orders import bfs_topological_order
 from harness.core.costs import AnalyticalCostModel, node_memory
 from simulators.simulate import simulate
 from tests.helpers import make_cluster, make_graph
-from tests.helpers import IMG, LABEL, Tiny
 
 ALGOS = [SingleDevice(), DataParallel(), RoundRobin(), MTopo(), MTopo(coloc_memory="all")]
-
-
-@pytest.fixture(scope="module")
-def tiny_graph():
-    from harness.core.capture import capture
-
-    return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
 
 @pytest.mark.parametrize("algo", ALGOS, ids=lambda a: f"{a.name}-{a.describe()}")

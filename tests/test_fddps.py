@@ -272,14 +272,6 @@ def test_options_are_checked():
 
 
 # ---------------------------------------------------------------------------- splitting (Sec. 4.1)
-@pytest.fixture(scope="module")
-def tiny_graph():
-    from harness.core.capture import capture
-    from tests.helpers import IMG, LABEL, Tiny
-
-    return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
-
-
 def _reaches(g, a: set[int], b: set[int]) -> bool:
     ptr, succ, _ = g.succ_csr()
     seen, stack = set(a), list(a)

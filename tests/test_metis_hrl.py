@@ -11,14 +11,6 @@ from algorithms.sched.levels import static_costs
 from harness.core.costs import AnalyticalCostModel
 from simulators.simulate import simulate
 from tests.helpers import make_cluster, make_graph
-from tests.helpers import IMG, LABEL, Tiny
-
-
-@pytest.fixture(scope="module")
-def tiny_graph():
-    from harness.core.capture import capture
-
-    return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
 
 def costs_for(cl):

@@ -14,7 +14,7 @@ from simulators import engine
 from simulators.simulate import simulate
 from simulators.shards import make_shards
 from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
-from tests.helpers import IMG, LABEL, Tiny, make_cluster, make_graph, random_dags, random_placement, random_topo_order, receiving_cluster
+from tests.helpers import make_cluster, make_graph, random_dags, random_placement, random_topo_order, receiving_cluster
 from tests.taskgraph_reference import make_shards_loop
 
 EPS = 1e-12
@@ -127,13 +127,6 @@ def test_shards_on_arrays_equal_the_loop(g, ndev, seed):
     g.out_bytes[:] = rng.integers(0, 10**7, g.num_nodes)
     cl = make_cluster(ndev, lat_us=1.0)
     assert_same_shards(g, mixed_strategy(g, ndev, seed), cl, AnalyticalCostModel(cl))
-
-
-@pytest.fixture(scope="module")
-def tiny_graph():
-    from harness.core.capture import capture
-
-    return capture(Tiny, IMG, LABEL, batch_size=8, name="tiny")
 
 
 @pytest.mark.parametrize("how", ["data_parallel", "mixed", "placement"])
