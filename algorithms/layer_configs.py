@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core.errors import UserError
+from harness.core.errors import OptionError, UserError
 from harness.core.layer_shards import MAPPINGS
 from harness.core.layergraph import LayerGraph
 from harness.core.pase_costs import pase_domain
@@ -53,14 +53,15 @@ class SpaceOptions:
     mapping: str = "linear"
 
     def __post_init__(self) -> None:
+        # the values come from the algorithm's options (algo.space, ...) where it sets them
         if self.space not in SPACES:
-            raise ValueError(f"space must be one of {SPACES}, got {self.space!r}")
+            raise OptionError(f"algo.space must be one of {SPACES}, got {self.space!r}")
         if self.product not in PRODUCTS:
-            raise ValueError(f"product must be one of {PRODUCTS}, got {self.product!r}")
+            raise OptionError(f"algo.product must be one of {PRODUCTS}, got {self.product!r}")
         if self.mapping not in MAPPINGS:
-            raise ValueError(f"mapping must be one of {MAPPINGS}, got {self.mapping!r}")
+            raise OptionError(f"algo.mapping must be one of {MAPPINGS}, got {self.mapping!r}")
         if self.cutoff < 1:
-            raise ValueError(f"cutoff must be >= 1, got {self.cutoff}")
+            raise OptionError(f"algo.cutoff must be >= 1, got {self.cutoff}")
 
 
 def divisors(n: int) -> list[int]:

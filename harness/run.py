@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from harness.core.cluster import Cluster
-from harness.core.errors import UserError
+from harness.core.errors import OptionError, UserError
 from harness.core.strategy import PLAN_GRAPH_FILE, Plan, graph_identity
 
 #: figures an algorithm may report in ``Plan.info`` that result.json carries at top level
@@ -85,9 +85,32 @@ def build(cfg: Any) -> tuple[Any, Cluster, Any, Any, Any]:
     cluster = instantiate(cfg.cluster, _convert_="all")
     # objects (not config values) are passed to a partial, so OmegaConf never sees them
     costs = instantiate(cfg.costs, _partial_=True, _convert_="all")(cluster=cluster)
-    algo = instantiate(cfg.algo, seed=cfg.seed, _convert_="all")
+    algo = build_algorithm(cfg)
     sim = instantiate(cfg.sim, _convert_="all")
     return source, cluster, costs, algo, sim
+
+
+def build_algorithm(cfg: Any) -> Any:
+    """The algorithm of ``cfg.algo``.  What its class refuses while taking its parameters - a key
+    its ``__init__`` does not declare (TypeError) or a value its checks reject (ValueError) - is
+    the user's mistake, reported as an :class:`OptionError` that names the algorithm (and, for an
+    unknown key, the parameters it has); anything else it raises goes on as it is."""
+    import inspect
+
+    from hydra.errors import InstantiationException
+    from hydra.utils import get_class, instantiate
+
+    try:
+        return instantiate(cfg.algo, seed=cfg.seed, _convert_="all")
+    except InstantiationException as e:
+        bad, name = e.__cause__, cfg.algo.get("name", cfg.algo.get("_target_"))
+        if isinstance(bad, TypeError) and "unexpected keyword argument" in str(bad):
+            key = str(bad).rsplit("argument", 1)[1].strip(" '")
+            params = [p for p in inspect.signature(get_class(cfg.algo._target_)).parameters if p not in ("self", "name", "seed")]
+            raise OptionError(f"algo.{key} is not a parameter of algo={name}; its parameters: {', '.join(params)}") from e
+        if isinstance(bad, ValueError) and not isinstance(bad, UserError):
+            raise OptionError(f"algo={name}: {bad}") from e
+        raise
 
 
 #: config blocks that change only what is written or shown, not the result

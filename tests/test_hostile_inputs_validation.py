@@ -445,6 +445,11 @@ def cli(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, P
     (["model=custom", "model.module._target_=tests.test_profile.Tiny", "+model.module.widht=3"],
      ["model.module.widht is not a parameter of tests.test_profile.Tiny"]),
     (["model=from_file", "model.path={cut}"], ["{cut} is not valid JSON (line 1, column"]),
+    (["model=lenet5", "algo=fddps", "algo.slot=anywhere"], ["algo=fddps: fddps.slot must be one of ('lst', 'idle'), got 'anywhere'"]),
+    (["model=lenet5", "algo=fddps", "algo.compiled=yes"], ["algo=fddps: fddps.compiled must be null (by graph size), true or false"]),
+    (["model=lenet5", "algo=fddps", "+algo.horizn=3"], ["algo.horizn is not a parameter of algo=fddps", "horizon, eps"]),
+    (["model=lenet5", "algo=m_sct", "algo.threshold=2"], ["algo=m_sct: m_sct: threshold must be in [0, 1], got 2"]),
+    (["model=lenet5", "cluster=p100x4", "algo=optcnn", "algo.space=bad"], ["algo.space must be one of ('optcnn', 'pase'), got 'bad'"]),
 ])
 def test_the_command_line_refuses_and_writes_no_result(tmp_path: Path, overrides: list[str], fragments: list[str]) -> None:
     cut = tmp_path / "cut.json"

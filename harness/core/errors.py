@@ -17,3 +17,8 @@ class UserError(Exception):
 
 class ProfileError(UserError, RuntimeError):
     """An operator profile could not be taken or read; the message says which model, device or file."""
+
+
+class OptionError(UserError, ValueError):
+    """A component refused a parameter of its config block (an unknown key, a value out of range);
+    the message names the key and what the component accepts."""
