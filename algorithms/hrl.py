@@ -49,7 +49,7 @@ from algorithms.base import Algorithm
 from algorithms.sched.constraints import follow_colocation
 from algorithms.sched.levels import static_costs
 from harness.core.cluster import Cluster
-from harness.core.costs import CostModel, op_class
+from harness.core.costs import CostModel, op_classes
 from harness.core.graph import OpGraph
 from harness.core.errors import UserError
 from harness.core.strategy import Plan, Strategy
@@ -73,7 +73,7 @@ class HRLError(UserError, ValueError):
 def op_features(graph: OpGraph, w: np.ndarray, mem: np.ndarray) -> np.ndarray:
     """Per-op inputs of the Grouper, standardised column by column."""
     n = graph.num_nodes
-    cls = np.array([op_class(t) for t in graph.targets])
+    cls = np.array(op_classes(graph.targets))
     cols = [
         (cls == "conv").astype(float), (cls == "gemm").astype(float), (cls == "other").astype(float),
         graph.free.astype(float),

@@ -134,6 +134,12 @@ def op_class(target: str) -> str:
     return "other"
 
 
+def op_classes(targets: Sequence[str]) -> list[str]:
+    """:func:`op_class` of every target, each distinct target matched once (a graph has few)."""
+    by_target = {t: op_class(t) for t in set(targets)}
+    return [by_target[t] for t in targets]
+
+
 def with_measured(graph: Any, kind: str, fraction: float, times: np.ndarray) -> np.ndarray:
     """``times`` (a model's estimates for every node of ``graph`` on a device of ``kind`` doing
     ``fraction`` of its work) with each node the graph has a measured time for on that kind (or
@@ -216,8 +222,7 @@ class AnalyticalCostModel:
         spec = self.cluster.devices[device].spec
         per_graph = self._parts.setdefault(graph, {})
         if spec.kind not in per_graph:
-            by_target = {t: self.efficiency.get(op_class(t), self.efficiency["other"]) for t in set(graph.targets)}
-            eff = np.array([by_target[t] for t in graph.targets])  # a graph has few distinct targets
+            eff = np.array([self.efficiency.get(c, self.efficiency["other"]) for c in op_classes(graph.targets)])
             t_flop = graph.flops / (node_peaks(graph, spec) * eff)
             t_mem = graph.work_bytes / (spec.mem_bw * self.mem_efficiency)
             scaled = np.where(graph.free, 0.0, np.maximum(t_flop, t_mem))
