@@ -71,22 +71,31 @@ class Samples:
 
 def fit_model(s: Samples, peak: float) -> KernelModel:
     """Least squares on log time (soft-L1, so a few odd kernels do not drag the curve), with a
-    smoothness penalty on each curve's increments."""
+    smoothness penalty on each curve's increments.  A filter family no sample has keeps the 1x1
+    curve (its flag's coefficient is held at 0): the residuals do not depend on it, and a free
+    parameter the data do not pin can drift anywhere in the solver's steps."""
     from scipy.optimize import least_squares
 
     k = len(KNOTS) - 1
     nflags = s.flags.shape[1] if s.flags.size and s.flags.any() else 0
+    seen = s.flags[:, :nflags].any(axis=0) if nflags else np.zeros(0, dtype=bool)
     log_t = np.log(s.time_s)
+    n_curve = 2 + 3 * k
+
+    def full(th: np.ndarray) -> np.ndarray:
+        flag_log = np.zeros(nflags)
+        flag_log[seen] = th[n_curve:]
+        return np.concatenate([th[:n_curve], flag_log])
 
     def resid(th: np.ndarray) -> np.ndarray:
-        m = KernelModel.from_vector(th, nflags)
+        m = KernelModel.from_vector(full(th), nflags)
         pred = m.time(s.dims, s.flops, peak, s.flags[:, :nflags] if nflags else None)
-        raw = th[2:2 + 3 * k].reshape(3, k)
+        raw = th[2:n_curve].reshape(3, k)
         return np.concatenate([np.log(pred) - log_t, SMOOTH * np.diff(raw, axis=1).ravel()])
 
-    th0 = np.concatenate([[2.0, np.log(5e-6)], np.full(3 * k, -2.0), np.zeros(nflags)])
+    th0 = np.concatenate([[2.0, np.log(5e-6)], np.full(3 * k, -2.0), np.zeros(int(seen.sum()))])
     res = least_squares(resid, th0, loss="soft_l1", f_scale=0.1, max_nfev=4000)
-    return KernelModel.from_vector(res.x, nflags)
+    return KernelModel.from_vector(full(res.x), nflags)
 
 
 # ---------------------------------------------------------------------------- the data

@@ -527,3 +527,18 @@ def test_layer_times_follow_the_layer_graphs_precision(alexnet_layers: Any) -> N
     f16, b16 = v100.layer_times(half, 0)
     assert (f16[wide] < 0.7 * f32[wide]).all() and (b16[wide] < 0.7 * b32[wide]).all()
     assert f16[narrow[0]] > f32[narrow[0]]
+
+
+def test_a_family_no_kernel_measured_keeps_the_1x1_curve() -> None:
+    """DeepBench has no stride-1 filters other than 1x1, 3x3 and 5x5 (Inception's 1x7 / 7x1):
+    their flag must stay at 0 whatever the split.  On seed 4's split of the P100 backward-data
+    kernels the solver once let that unconstrained coefficient drift to exp(-40), which made
+    Inception-v3's step 2.4 million times slower."""
+    samples, _ = load_samples()
+    s = samples[("P100", "fp32", "conv_bwd_data")]
+    spatial = CONV_FLAGS.index("spatial")
+    assert not s.flags[:, spatial].any()
+    tr, _ = split_indices(len(s.time_s), seed=4)
+    m = fit_model(Samples(s.dims[tr], s.flags[tr], s.flops[tr], s.time_s[tr], []), REFERENCE_PEAK_TFLOPS[("P100", "fp32")] * 1e12)
+    assert m.flag_log[spatial] == 0.0
+    assert np.all(np.abs(m.flag_log) < 5)  # every coefficient some sample pins stays finite and modest
