@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from experiments import gpu_accuracy
+from experiments._gpu_fit_spread import band_reading, per_seed_summary, readme_lines, seed_frames, spread_table
 
 
 def test_quick_run_writes_its_tables_and_figure(tmp_path):
@@ -72,3 +73,65 @@ def test_unknown_row_is_a_one_line_error(capsys):
         gpu_accuracy.main(["--rows", "no_such_row"])
     assert e.value.code == 2
     assert "unknown published row 'no_such_row'" in capsys.readouterr().err
+
+
+def _tp(ratios: dict[str, float]) -> pd.DataFrame:
+    """A throughput table with the given calibrated ratios (published 100 each, one GPU)."""
+    return pd.DataFrame([{"id": i, "device": "P100-SXM2", "gpus": 1, "batch_per_gpu": 64, "precision": "FP32", "unit": "img/s",
+                          "published": 100.0, "calibrated_sim": 100.0 * r, "calibrated_ratio": r, "calibrated_status": "ok",
+                          "analytical_sim": 100.0, "analytical_ratio": 1.0, "analytical_status": "ok"} for i, r in ratios.items()])
+
+
+def test_fit_spread_puts_each_seed_beside_the_committed_table():
+    """Per seed the verdict's figures come from that seed's simulations; each row's range spans
+    its ratios under every table; a row that failed under a seed is not counted as a ratio."""
+    tp = _tp({"p100_a_b64": 1.05, "p100_b_b64": 1.30, "p100_c_b64": 0.95})
+    runs = pd.DataFrame([
+        {"id": "p100_a_b64", "seed": 1, "throughput": 90.0, "status": "ok"},
+        {"id": "p100_b_b64", "seed": 1, "throughput": 120.0, "status": "ok"},
+        {"id": "p100_c_b64", "seed": 1, "throughput": float("nan"), "status": "not matched"},
+        {"id": "p100_a_b64", "seed": 2, "throughput": 100.0, "status": "ok"},
+        {"id": "p100_b_b64", "seed": 2, "throughput": 140.0, "status": "ok"},
+        {"id": "p100_c_b64", "seed": 2, "throughput": 80.0, "status": "ok"},
+    ])
+    frames = seed_frames(tp, runs)
+    assert sorted(frames) == [0, 1, 2] and frames[0] is tp
+    per_seed = per_seed_summary(frames, gpu_accuracy.summary, gpu_accuracy.scaling_table).set_index("seed")
+    assert per_seed.loc[0, "median_abs_error"] == pytest.approx(0.05)
+    assert per_seed.loc[1, "rows"] == 2 and per_seed.loc[1, "within_25"] == 2
+    assert per_seed.loc[2, "median_abs_error"] == pytest.approx(0.20) and per_seed.loc[2, "within_25"] == 2
+    rng = spread_table(frames).set_index("id")
+    assert rng.loc["p100_b_b64", "ratio_min"] == pytest.approx(1.2) and rng.loc["p100_b_b64", "ratio_max"] == pytest.approx(1.4)
+    assert rng.loc["p100_c_b64", "ratio_min"] == pytest.approx(0.8)  # seed 1 failed there: not a ratio
+    assert rng.loc["p100_b_b64", "seeds_within_25"] == 1
+    text = "\n".join(readme_lines(per_seed.reset_index(), rng.reset_index()))
+    assert "| 0 (committed) | 5.0 % |" in text and "from 5.0 % to 20.0 %" in text
+    assert "10 % lies inside that band" in text and "(at most 10 % under 1 of them), and every row is within 25 % under 1" in text
+    assert text.index("p100_c_b64 0.80-0.95x") < text.index("p100_a_b64 0.90-1.05x")  # the widest range (max / min) first
+
+
+def test_band_reading_says_where_the_goal_lies():
+    reading = band_reading
+    assert "at or below 10 % under every split" in reading(6.0, 9.5)
+    assert "exceeds 10 % under every split" in reading(10.5, 14.0)
+    assert "inside that band" in reading(9.0, 11.0)
+
+
+def test_serial_efficiency_runs_every_all_reduce_after_the_one_gpu_step():
+    """With the steps and all-reduce times at hand, the scaling table adds the efficiency with no
+    overlap, T1 / (T1 + all-reduces); the reading places each published efficiency against it."""
+    tp = pd.DataFrame([
+        {"id": "p100_vgg16_b64", "device": "P100-SXM2", "gpus": 1, "batch_per_gpu": 64, "precision": "FP32", "published": 100.0,
+         "calibrated_sim": 100.0, "analytical_sim": 100.0, "calibrated_step_s": 0.64, "calibrated_allreduce_s": 0.0,
+         "analytical_step_s": 0.64, "analytical_allreduce_s": 0.0},
+        {"id": "p100x8nvl_vgg16_b64", "device": "P100-SXM2", "gpus": 8, "batch_per_gpu": 512, "precision": "FP32", "published": 600.0,
+         "calibrated_sim": 800.0, "analytical_sim": 800.0, "calibrated_step_s": 0.64, "calibrated_allreduce_s": 0.16,
+         "analytical_step_s": 0.64, "analytical_allreduce_s": 0.16},
+    ])
+    sc = gpu_accuracy.scaling_table(tp)
+    row = sc.set_index("id").loc["p100x8nvl_vgg16_b64"]
+    assert row["calibrated_eff"] == pytest.approx(1.0) and row["calibrated_eff_serial"] == pytest.approx(0.8)
+    text = "\n".join(gpu_accuracy._overlap_lines(sc))
+    assert "between the serial and the overlapped simulation on 0 of 1 rows, and below even the serial one on 1" in text
+    assert "p100x8nvl_vgg16_b64 0.750 < 0.800" in text
+    assert gpu_accuracy._overlap_lines(sc.drop(columns=["calibrated_eff_serial"])) == []
