@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from experiments import gpu_accuracy
-from experiments._gpu_fit_spread import band_reading, per_seed_summary, readme_lines, seed_frames, spread_table
+from experiments._gpu_fit_spread import band_reading, readme_lines, seed_frames, spread_table
 
 
 def test_quick_run_writes_its_tables_and_figure(tmp_path):
@@ -75,6 +75,15 @@ def test_unknown_row_is_a_one_line_error(capsys):
     assert "unknown published row 'no_such_row'" in capsys.readouterr().err
 
 
+def test_a_negative_fit_seed_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_accuracy.main(["--quick", "--fit-seeds", "2", "-1", "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--fit-seeds takes seeds >= 0" in err and "got -1" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def _tp(ratios: dict[str, float]) -> pd.DataFrame:
     """A throughput table with the given calibrated ratios (published 100 each, one GPU)."""
     return pd.DataFrame([{"id": i, "device": "P100-SXM2", "gpus": 1, "batch_per_gpu": 64, "precision": "FP32", "unit": "img/s",
@@ -96,7 +105,7 @@ def test_fit_spread_puts_each_seed_beside_the_committed_table():
     ])
     frames = seed_frames(tp, runs)
     assert sorted(frames) == [0, 1, 2] and frames[0] is tp
-    per_seed = per_seed_summary(frames, gpu_accuracy.summary, gpu_accuracy.scaling_table).set_index("seed")
+    per_seed = gpu_accuracy.per_seed_summary(frames).set_index("seed")
     assert per_seed.loc[0, "median_abs_error"] == pytest.approx(0.05)
     assert per_seed.loc[1, "rows"] == 2 and per_seed.loc[1, "within_25"] == 2
     assert per_seed.loc[2, "median_abs_error"] == pytest.approx(0.20) and per_seed.loc[2, "within_25"] == 2
