@@ -83,7 +83,7 @@ Readings of the paper (where the text leaves a choice):
 * Order-Place uses no insertion (sequential placement); Adjusting Placement does.
 * Co-location groups are the captured ones (a parameter's views, gradient and update).
   TensorFlow setups may also co-locate every gradient op with its forward op
-  (``colocate_gradients_with_ops``); :func:`harness.core.capture.colocate_gradients`
+  (``colocate_gradients_with_ops``); :func:`harness.core.graph_rewrites.colocate_gradients`
   builds that graph, and it changes the picture a lot (results/celeritas/README.md).
 """
 

@@ -13,7 +13,7 @@ cap (``--hrl-time``) per model; the paper quotes 5 hours of training from Mars.
 
 ``--colocate-gradients`` reruns the table with every module's backward ops co-located
 with its forward ops (TensorFlow's ``colocate_gradients_with_ops``, which the TF setups
-of the papers can use; :func:`harness.core.capture.colocate_gradients`): the captured
+of the papers can use; :func:`harness.core.graph_rewrites.colocate_gradients`): the captured
 graph only ties a parameter's view, gradient and update together.
 """
 
@@ -34,7 +34,7 @@ from algorithms.hrl import HRL
 from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT
 from algorithms.m_topo import MTopo
-from harness.core.capture import colocate_gradients
+from harness.core.graph_rewrites import colocate_gradients
 from algorithms.metis_place import Metis
 from experiments._celeritas import PAPER_SPEEDUP, PAPER_TABLE3, TABLE3_ALGOS, cli, fmt_paper, load, models_to_run
 from experiments.common import output_dir, print_table, style

@@ -261,7 +261,7 @@ def _profile_batches(source: Any, dev: Any, threads: int, warmup: int, reps: int
     import torch
     from tqdm import tqdm
 
-    from harness.core.capture import coarsen_runs
+    from harness.core.graph_rewrites import coarsen_runs
 
     device = str(dev)
     dname = name or device_name(device, threads)

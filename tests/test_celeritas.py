@@ -270,7 +270,7 @@ def test_standard_evaluation_names_a_graph_that_changes_with_the_batch():
 
 
 def test_colocate_gradients_ties_each_modules_backward_to_its_forward(tiny_graph):
-    from harness.core.capture import colocate_gradients
+    from harness.core.graph_rewrites import colocate_gradients
 
     g2 = colocate_gradients(tiny_graph)
     assert g2.num_nodes == tiny_graph.num_nodes and tiny_graph.meta.get("colocate_gradients") is None

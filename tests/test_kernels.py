@@ -23,7 +23,8 @@ from torch import nn
 from algorithms.celeritas import Celeritas
 from algorithms.opsplit import split_dim_of, split_graph
 from harness.compose import compose
-from harness.core.capture import TensorSpec, capture, coarsen_runs
+from harness.core.capture import TensorSpec, capture
+from harness.core.graph_rewrites import coarsen_runs
 from harness.core.graph import BATCHED, FORWARD, PARTIAL, GraphError, OpGraph
 from harness.core.kernels import (
     CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, EXTRA_READS, GEMM, MEM, NCOLS, KernelError, KernelTable, is_rnn_layer,

@@ -426,7 +426,7 @@ def test_refuses_channel_parallel_layer_strategies():
 
 
 def test_refuses_rewritten_graphs_and_sources_without_a_module(tmp_path):
-    from harness.core.capture import coarsen_runs
+    from harness.core.graph_rewrites import coarsen_runs
 
     src, cluster, g, sim = _lenet()
     # a copy of the captured graph without its fx module (saved and loaded) is the same graph: it runs

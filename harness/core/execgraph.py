@@ -450,7 +450,7 @@ def node_keys(graph: OpGraph) -> list[str]:
 
 def layer_runs(graph: OpGraph) -> np.ndarray:
     """The coarse node each node of an aten graph belongs to at ``layer`` granularity
-    (the same runs :func:`harness.core.capture.coarsen_runs` contracts)."""
+    (the same runs :func:`harness.core.graph_rewrites.coarsen_runs` contracts)."""
     key = graph.layer.astype(np.int64) * 4 + graph.phase
     if graph.num_nodes == 0:
         return np.zeros(0, np.int64)

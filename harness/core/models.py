@@ -44,7 +44,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.capture import CaptureError, TensorSpec, capture, colocate_gradients
+from harness.core.capture import CaptureError, TensorSpec, capture
+from harness.core.graph_rewrites import colocate_gradients
 from harness.core.cluster import integer, non_negative_number, positive_int, positive_number
 from harness.core.errors import UserError
 from harness.core.graph_cache import cached, source_file_digest
