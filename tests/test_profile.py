@@ -189,7 +189,7 @@ def test_send_after_gap_fit_recovers_a_saturating_cost():
     sweep gives no cold part."""
     import math
 
-    from harness.calibrate import SEND_GAPS, fit_send_gap
+    from harness.link_probes import SEND_GAPS, fit_send_gap
 
     curve = {str(g): [30e-6 + 200e-6 * (1 - math.exp(-g / 2e-3)) + d for d in (-1e-6, 0.0, 1e-6)] for g in SEND_GAPS}
     hot, cold, tau = fit_send_gap(curve)
