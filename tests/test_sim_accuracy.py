@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from experiments import sim_accuracy
+from experiments._sim_rank import RANKS_CSV, kendall_tau, pick_regret, rank_summary
 
 
 def test_quick_run_writes_table_figure_and_readme(tmp_path):
@@ -85,24 +86,24 @@ def _case(model: str, algo: str, sim: float, meas: float, inter: float | None = 
 
 def test_kendall_tau_and_regret_on_known_orders():
     nan = float("nan")
-    assert sim_accuracy.kendall_tau([1, 2, 3], [10, 20, 30]) == (pytest.approx(1.0), "")
-    assert sim_accuracy.pick_regret([1, 2, 3], [10, 20, 30]) == (0.0, [0], "")
-    assert sim_accuracy.kendall_tau([3, 2, 1], [10, 20, 30]) == (pytest.approx(-1.0), "")
-    assert sim_accuracy.pick_regret([3, 2, 1], [10, 20, 30]) == (pytest.approx(30 / 10 - 1), [2], "")
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == (pytest.approx(1.0), "")
+    assert pick_regret([1, 2, 3], [10, 20, 30]) == (0.0, [0], "")
+    assert kendall_tau([3, 2, 1], [10, 20, 30]) == (pytest.approx(-1.0), "")
+    assert pick_regret([3, 2, 1], [10, 20, 30]) == (pytest.approx(30 / 10 - 1), [2], "")
     # a tie for the simulator's fastest: tau-b = (2 concordant - 0) / sqrt((3 - 1) * 3); the regret of the picks' mean
-    assert sim_accuracy.kendall_tau([1, 1, 2], [10, 20, 30])[0] == pytest.approx(2 / 6 ** 0.5)
-    assert sim_accuracy.pick_regret([1, 1, 2], [10, 20, 30]) == (pytest.approx(15 / 10 - 1), [0, 1], "")
+    assert kendall_tau([1, 1, 2], [10, 20, 30])[0] == pytest.approx(2 / 6 ** 0.5)
+    assert pick_regret([1, 1, 2], [10, 20, 30]) == (pytest.approx(15 / 10 - 1), [0, 1], "")
     # strategies without a time are left out; one left, or a side all equal: NaN with the reason
-    assert sim_accuracy.kendall_tau([1, nan, 3], [10, 20, 30]) == (pytest.approx(1.0), "")
+    assert kendall_tau([1, nan, 3], [10, 20, 30]) == (pytest.approx(1.0), "")
     for sim, meas in (([1.0], [10.0]), ([1, nan], [10, 20]), ([], [])):
-        tau, why = sim_accuracy.kendall_tau(sim, meas)
-        regret, picks, why_r = sim_accuracy.pick_regret(sim, meas)
+        tau, why = kendall_tau(sim, meas)
+        regret, picks, why_r = pick_regret(sim, meas)
         assert tau != tau and regret != regret and picks == [] and why and why_r
-    tau, why = sim_accuracy.kendall_tau([2, 2, 2], [10, 20, 30])
+    tau, why = kendall_tau([2, 2, 2], [10, 20, 30])
     assert tau != tau and why
-    assert sim_accuracy.pick_regret([2, 2, 2], [10, 20, 30])[0] == pytest.approx(1.0)
+    assert pick_regret([2, 2, 2], [10, 20, 30])[0] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="one length"):
-        sim_accuracy.kendall_tau([1, 2], [1, 2, 3])
+        kendall_tau([1, 2], [1, 2, 3])
 
 
 def test_rank_summary_per_model_with_both_profiles_and_the_rounds_noise():
@@ -118,7 +119,7 @@ def test_rank_summary_per_model_with_both_profiles_and_the_rounds_noise():
         _case("d", "x", 0.1, 0.010, runs="10.00 15.00"), _case("d", "y", 0.2, 0.020, runs="20.00 20.00"),
         _case("d", "z", 0.3, 0.030, runs="30.00 10.00"),
     ])
-    s = sim_accuracy.rank_summary(df).set_index("model")
+    s = rank_summary(df).set_index("model")
     assert s.index.tolist() == ["a", "b", "c", "d"] and s["strategies"].tolist() == [3, 1, 2, 3]
     a = s.loc["a"]
     assert a["tau_b_before"] == pytest.approx(-1) and a["regret_before"] == pytest.approx(2.0) and a["pick_before"] == "z"
@@ -137,7 +138,7 @@ def test_rank_summary_per_model_with_both_profiles_and_the_rounds_noise():
     d = s.loc["d"]
     assert d["rounds"] == 2 and d["rounds_regret"] == pytest.approx((0.5 + 2.0) / 2) and d["rounds_tau_b"] == pytest.approx(-1 / 3)
     with pytest.raises(ValueError, match="measured_s"):
-        sim_accuracy.rank_summary(df.drop(columns="measured_s"))
+        rank_summary(df.drop(columns="measured_s"))
 
 
 def test_summarize_only_rewrites_the_rank_summary_from_the_csv_alone(tmp_path):
@@ -150,8 +151,8 @@ def test_summarize_only_rewrites_the_rank_summary_from_the_csv_alone(tmp_path):
     table = (tmp_path / "sim_accuracy.csv").read_bytes()
     (tmp_path / "README.md").write_text("# the table's README\n")
     assert sim_accuracy.main(["--summarize-only", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "sim_accuracy.csv", sim_accuracy.RANKS_CSV]
-    s = pd.read_csv(tmp_path / sim_accuracy.RANKS_CSV).set_index("model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "sim_accuracy.csv", RANKS_CSV]
+    s = pd.read_csv(tmp_path / RANKS_CSV).set_index("model")
     assert s.loc["m", "tau_b_before"] == pytest.approx(-1) and s.loc["m", "regret_before"] == pytest.approx(2.0)
     assert s.loc["m", "tau_b_interleaved"] == pytest.approx(1) and s.loc["m", "regret_interleaved"] == 0
     assert s.loc["n", "tau_b_before"] == pytest.approx(1) and bool(s.loc["n", "goal_met"])
