@@ -256,16 +256,6 @@ class Cluster:
 
 
 # ---------------------------------------------------------------------------- builders
-def _bw(spec: Mapping[str, Any], key: str) -> float:
-    """A link's bandwidth in bytes/s from the ``bw_GBps`` or ``bw_gbps`` of the spec at
-    ``cluster.<key>``."""
-    if spec.get("bw_GBps") is not None:
-        return positive_number(spec["bw_GBps"], f"cluster.{key}.bw_GBps") * 1e9
-    if spec.get("bw_gbps") is not None:
-        return positive_number(spec["bw_gbps"], f"cluster.{key}.bw_gbps") * 1e9 / 8
-    raise ClusterError(f"cluster.{key} needs bw_GBps (gigabytes/s) or bw_gbps (gigabits/s)")
-
-
 #: the keys of a device spec (``conf/cluster/device/*.yaml``)
 DEVICE_KEYS: tuple[str, ...] = ("kind", "peak_tflops", "mem_bw_GBps", "mem_GiB")
 #: the math modes a device's ``peak_tflops`` may name (``float32`` is required)
@@ -299,151 +289,6 @@ def device_spec(spec: Mapping[str, Any], key: str = "cluster.device") -> DeviceS
                       int(positive_number(spec["mem_GiB"], f"{key}.mem_GiB") * GIB))
 
 
-class _Builder:
-    def __init__(self) -> None:
-        self.links: list[Link] = []
-
-    def link(self, name: str, cls: str, bw: float, lat: float) -> int:
-        self.links.append(Link(len(self.links), name, cls, bw, lat))
-        return len(self.links) - 1
-
-
-#: the routes among one host's GPUs, by (source, destination) device id
-Routes = dict[tuple[int, int], tuple[int, ...]]
-
-
-def _lat(spec: Mapping[str, Any], default_us: float, key: str) -> float:
-    """A link's latency in seconds from the ``lat_us`` of the spec at ``cluster.<key>``."""
-    return non_negative_number(spec.get("lat_us", default_us), f"cluster.{key}.lat_us") * 1e-6
-
-
-def _mesh_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
-    """A dedicated link per ordered pair of GPUs (all-to-all NVLink of equal width)."""
-    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
-    routes: Routes = {}
-    for a in range(len(gpus)):
-        for c in range(len(gpus)):
-            if a != c:
-                routes[gpus[a], gpus[c]] = (b.link(f"{prefix}gpu{a}->gpu{c}", cls, bw, lat),)
-    return routes
-
-
-def _switch_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
-    """A non-blocking switch (NVSwitch): one port per GPU each way, every route is port in -> port out."""
-    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
-    k = len(gpus)
-    up = [b.link(f"{prefix}gpu{a}->sw", cls, bw, lat / 2) for a in range(k)]
-    down = [b.link(f"{prefix}sw->gpu{a}", cls, bw, lat / 2) for a in range(k)]
-    return {(gpus[a], gpus[c]): (up[a], down[c]) for a in range(k) for c in range(k) if a != c}
-
-
-def _pcie_tree_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
-    """GPUs under PCIe switches (``gpus_per_switch``), each switch's ``uplink`` to a root complex.
-
-    With ``sockets: S`` the switches are split evenly among S CPU sockets, each with its own
-    root complex, and the roots are joined by ``qpi: {bw_GBps, lat_us}`` (a link per ordered
-    pair of sockets): a route between GPUs on different sockets is GPU -> switch -> root(a) ->
-    QPI -> root(b) -> switch -> GPU.  Without ``sockets`` there is one root, named ``root``.
-    """
-    cls, bw, lat = str(spec.get("cls", "nvlink")), _bw(spec, key), _lat(spec, 5.0, key)
-    k = len(gpus)
-    per_sw = positive_int(spec.get("gpus_per_switch", 2), f"cluster.{key}.gpus_per_switch")
-    up = [b.link(f"{prefix}gpu{a}->sw{a // per_sw}", cls, bw, lat / 2) for a in range(k)]
-    down = [b.link(f"{prefix}sw{a // per_sw}->gpu{a}", cls, bw, lat / 2) for a in range(k)]
-    nsw = (k + per_sw - 1) // per_sw
-    sockets = integer(spec.get("sockets", 1), f"cluster.{key}.sockets")
-    if sockets < 1 or nsw % sockets:
-        raise ClusterError(f"{key}.sockets: {sockets} socket(s) cannot share the {nsw} PCIe switch(es) evenly")
-    sock = [s // (nsw // sockets) for s in range(nsw)]
-    root = [f"root{sock[s]}" if sockets > 1 else "root" for s in range(nsw)]
-    up_bw = _bw(spec["uplink"], f"{key}.uplink") if spec.get("uplink") is not None else _bw(spec, key)
-    sw_up = [b.link(f"{prefix}sw{s}->{root[s]}", cls, up_bw, 0.0) for s in range(nsw)]
-    sw_down = [b.link(f"{prefix}{root[s]}->sw{s}", cls, up_bw, 0.0) for s in range(nsw)]
-    qpi: dict[tuple[int, int], int] = {}
-    if sockets > 1:
-        q = spec.get("qpi")
-        if q is None:
-            raise ClusterError(f"{key}.qpi is missing: {sockets} sockets need qpi: {{bw_GBps, lat_us}} between their root complexes")
-        qcls, qbw, qlat = str(q.get("cls", "qpi")), _bw(q, f"{key}.qpi"), _lat(q, 0.0, f"{key}.qpi")
-        for x in range(sockets):
-            for y in range(sockets):
-                if x != y:
-                    qpi[x, y] = b.link(f"{prefix}root{x}->root{y}", qcls, qbw, qlat)
-    routes: Routes = {}
-    for a in range(k):
-        for c in range(k):
-            if a == c:
-                continue
-            sa, sc = a // per_sw, c // per_sw
-            if sa == sc:
-                routes[gpus[a], gpus[c]] = (up[a], down[c])
-            else:
-                cross = (qpi[sock[sa], sock[sc]],) if sock[sa] != sock[sc] else ()
-                routes[gpus[a], gpus[c]] = (up[a], sw_up[sa], *cross, sw_down[sc], down[c])
-    return routes
-
-
-def _nvlink_pairs(pairs: Any, k: int, key: str) -> dict[tuple[int, int], int]:
-    """``[[i, j, nlinks], ...]`` checked against a node of ``k`` GPUs, as ``{(min, max): nlinks}``."""
-    if not isinstance(pairs, Sequence) or isinstance(pairs, str):
-        raise ClusterError(f"{key}.pairs must be a list [[i, j, nlinks], ...] of the GPU pairs with NVLink (got {pairs!r})")
-    out: dict[tuple[int, int], int] = {}
-    for p in pairs:
-        try:
-            i, j, n = (int(v) for v in p)
-        except (TypeError, ValueError):
-            raise ClusterError(f"{key}.pairs entry {p!r} is not [i, j, nlinks]") from None
-        if not (0 <= i < k and 0 <= j < k) or i == j:
-            raise ClusterError(f"{key}.pairs entry {[i, j, n]} must name two different GPUs among 0..{k - 1}")
-        if n < 1:
-            raise ClusterError(f"{key}.pairs entry {[i, j, n]}: nlinks must be >= 1")
-        pair = (min(i, j), max(i, j))
-        if pair in out:
-            raise ClusterError(f"{key}.pairs lists GPUs {pair[0]} and {pair[1]} twice")
-        out[pair] = n
-    return out
-
-
-def _nvlink_mesh_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
-    """NVLink point to point, as on DGX-1's hybrid cube-mesh: each listed pair ``[i, j, nlinks]``
-    gets ``nlinks`` bricks of ``link_GBps`` per direction (one directional link each way of
-    ``nlinks x link_GBps``).  Pairs without an NVLink take their route through ``fallback``
-    (an intra-node spec, typically a ``pcie_tree`` with ``sockets``: CUDA peer-to-peer between
-    GPUs without an NVLink goes over PCIe, and over QPI across CPU sockets)."""
-    if spec.get("link_GBps") is None:
-        raise ClusterError(f"{key}.link_GBps is missing: nvlink_mesh needs the bandwidth of one brick per direction")
-    brick = positive_number(spec["link_GBps"], f"cluster.{key}.link_GBps") * 1e9
-    cls, lat = str(spec.get("cls", "nvlink")), _lat(spec, 5.0, key)
-    bricks = _nvlink_pairs(spec.get("pairs"), len(gpus), key)
-    routes: Routes = {}
-    for (a, c), n in bricks.items():
-        routes[gpus[a], gpus[c]] = (b.link(f"{prefix}gpu{a}->gpu{c}", cls, n * brick, lat),)
-        routes[gpus[c], gpus[a]] = (b.link(f"{prefix}gpu{c}->gpu{a}", cls, n * brick, lat),)
-    fallback = spec.get("fallback")
-    if fallback is None:
-        missing = [(a, c) for a in range(len(gpus)) for c in range(a + 1, len(gpus)) if (a, c) not in bricks]
-        if missing:
-            raise ClusterError(f"{key}.fallback is missing: GPUs {missing[0][0]} and {missing[0][1]} have no NVLink ({len(missing)} such pair(s))")
-        return routes
-    if str(fallback.get("topology", "switch")) == "nvlink_mesh":
-        raise ClusterError(f"{key}.fallback cannot be another nvlink_mesh")
-    for pair, r in _intra_routes(b, prefix, gpus, fallback, f"{key}.fallback").items():
-        routes.setdefault(pair, r)
-    return routes
-
-
-_TOPOLOGIES = {"mesh": _mesh_routes, "switch": _switch_routes, "pcie_tree": _pcie_tree_routes, "nvlink_mesh": _nvlink_mesh_routes}
-
-
-def _intra_routes(b: _Builder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str = "cluster.intra") -> Routes:
-    """Routes among the GPUs of one host, by ``spec["topology"]`` (``key``, the spec's path in
-    the config such as ``cluster.intra`` or ``cluster.intra.fallback``, names it in errors)."""
-    topo = str(spec.get("topology", "switch"))
-    if topo not in _TOPOLOGIES:
-        raise ClusterError(f"{key}.topology={topo!r} is not a topology: use {', '.join(_TOPOLOGIES)}")
-    return _TOPOLOGIES[topo](b, prefix, gpus, spec, key)
-
-
 def build_cluster(
     name: str,
     device: Mapping[str, Any],
@@ -457,8 +302,8 @@ def build_cluster(
     """Build a cluster of ``nodes`` hosts with ``gpus`` devices each (the Hydra ``_target_`` of conf/cluster).
 
     ``intra`` describes the links inside a host (``topology`` mesh / switch / pcie_tree /
-    nvlink_mesh, ``cls``, ``bw_GBps`` or ``bw_gbps``, ``lat_us``; see ``_pcie_tree_routes``
-    and ``_nvlink_mesh_routes`` for their own keys); ``inter`` the NICs of each host
+    nvlink_mesh, ``cls``, ``bw_GBps`` or ``bw_gbps``, ``lat_us``; :mod:`harness.core.topology`
+    lists the topologies' own keys); ``inter`` the NICs of each host
     (``nics_per_node``: k NICs, GPU g of a host using NIC g * k // gpus; 1 by default);
     ``host_link`` the path from a GPU to its NIC (PCIe by default).  A route between hosts is
     GPU -> its NIC (host_link) -> NIC egress -> NIC ingress of the destination GPU's NIC -> GPU.
@@ -468,25 +313,27 @@ def build_cluster(
     message costs a CPU rank's core (see :func:`simulators.taskgraph.build_taskgraph`).  Any
     other key, and any figure out of range, is a :class:`ClusterError` naming it.
     """
+    from harness.core.topology import LinkBuilder, intra_routes, link_bandwidth, link_latency  # it reads this module's names
+
     gpus, nodes = positive_int(gpus, "cluster.gpus"), positive_int(nodes, "cluster.nodes")
     _check_meta(meta)
     spec = device_spec(device)
     intra = dict(intra or {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0})
-    b = _Builder()
+    b = LinkBuilder()
     devices = [Device(h * gpus + g, f"n{h}/gpu{g}", spec, h) for h in range(nodes) for g in range(gpus)]
     d = len(devices)
     routes: list[list[tuple[int, ...]]] = [[() for _ in range(d)] for _ in range(d)]
     for h in range(nodes):
         ids = list(range(h * gpus, (h + 1) * gpus))
         prefix = f"n{h}/" if nodes > 1 else ""
-        for (i, j), links in _intra_routes(b, prefix, ids, intra).items():
+        for (i, j), links in intra_routes(b, prefix, ids, intra).items():
             routes[i][j] = links
     nic_meta: dict[str, Any] = {}
     if nodes > 1:
         if inter is None:
             raise ClusterError(f"cluster {name!r} has {nodes} nodes but no inter-node link (inter:)")
-        nic_bw = _bw(inter, "inter")
-        nic_lat = _lat(inter, 2.0, "inter")
+        nic_bw = link_bandwidth(inter, "inter")
+        nic_lat = link_latency(inter, 2.0, "inter")
         icls = str(inter.get("cls", "ib"))
         nics = integer(inter.get("nics_per_node", 1), "cluster.inter.nics_per_node")
         if not 1 <= nics <= gpus:
@@ -494,8 +341,8 @@ def build_cluster(
         nic_of = [(dev.id % gpus) * nics // gpus for dev in devices]
         nic = [f"nic{m}" if nics > 1 else "nic" for m in range(nics)]
         hl = dict(host_link or {"cls": "pcie", "bw_GBps": 16.0, "lat_us": 1.0})
-        hbw = _bw(hl, "host_link")
-        hlat = _lat(hl, 1.0, "host_link")
+        hbw = link_bandwidth(hl, "host_link")
+        hlat = link_latency(hl, 1.0, "host_link")
         hcls = str(hl.get("cls", "pcie"))
         to_nic = [b.link(f"{dev.name}->{nic[nic_of[dev.id]]}", hcls, hbw, hlat / 2) for dev in devices]
         from_nic = [b.link(f"{nic[nic_of[dev.id]]}->{dev.name}", hcls, hbw, hlat / 2) for dev in devices]

@@ -1,0 +1,170 @@
+"""The links and routes inside a host, by topology (``cluster.intra.topology``): ``mesh`` (a
+link per ordered pair), ``switch`` (NVSwitch: a port per GPU each way), ``pcie_tree`` (PCIe
+switches under one or more CPU sockets joined by QPI) and ``nvlink_mesh`` (DGX-1's hybrid
+cube-mesh, with a fallback for the pairs without an NVLink).  :func:`intra_routes` builds them
+for :func:`harness.core.cluster.build_cluster`; every figure is checked as it is read and a bad
+one is a :class:`~harness.core.cluster.ClusterError` naming its key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from harness.core.cluster import ClusterError, Link, integer, non_negative_number, positive_int, positive_number
+
+def link_bandwidth(spec: Mapping[str, Any], key: str) -> float:
+    """A link's bandwidth in bytes/s from the ``bw_GBps`` or ``bw_gbps`` of the spec at
+    ``cluster.<key>``."""
+    if spec.get("bw_GBps") is not None:
+        return positive_number(spec["bw_GBps"], f"cluster.{key}.bw_GBps") * 1e9
+    if spec.get("bw_gbps") is not None:
+        return positive_number(spec["bw_gbps"], f"cluster.{key}.bw_gbps") * 1e9 / 8
+    raise ClusterError(f"cluster.{key} needs bw_GBps (gigabytes/s) or bw_gbps (gigabits/s)")
+
+
+class LinkBuilder:
+    """Numbers the links of a cluster as the route builders create them."""
+
+    def __init__(self) -> None:
+        self.links: list[Link] = []
+
+    def link(self, name: str, cls: str, bw: float, lat: float) -> int:
+        """Add a directional link; its id."""
+        self.links.append(Link(len(self.links), name, cls, bw, lat))
+        return len(self.links) - 1
+
+
+#: the routes among one host's GPUs, by (source, destination) device id
+Routes = dict[tuple[int, int], tuple[int, ...]]
+
+
+def link_latency(spec: Mapping[str, Any], default_us: float, key: str) -> float:
+    """A link's latency in seconds from the ``lat_us`` of the spec at ``cluster.<key>``."""
+    return non_negative_number(spec.get("lat_us", default_us), f"cluster.{key}.lat_us") * 1e-6
+
+
+def _mesh_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
+    """A dedicated link per ordered pair of GPUs (all-to-all NVLink of equal width)."""
+    cls, bw, lat = str(spec.get("cls", "nvlink")), link_bandwidth(spec, key), link_latency(spec, 5.0, key)
+    routes: Routes = {}
+    for a in range(len(gpus)):
+        for c in range(len(gpus)):
+            if a != c:
+                routes[gpus[a], gpus[c]] = (b.link(f"{prefix}gpu{a}->gpu{c}", cls, bw, lat),)
+    return routes
+
+
+def _switch_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
+    """A non-blocking switch (NVSwitch): one port per GPU each way, every route is port in -> port out."""
+    cls, bw, lat = str(spec.get("cls", "nvlink")), link_bandwidth(spec, key), link_latency(spec, 5.0, key)
+    k = len(gpus)
+    up = [b.link(f"{prefix}gpu{a}->sw", cls, bw, lat / 2) for a in range(k)]
+    down = [b.link(f"{prefix}sw->gpu{a}", cls, bw, lat / 2) for a in range(k)]
+    return {(gpus[a], gpus[c]): (up[a], down[c]) for a in range(k) for c in range(k) if a != c}
+
+
+def _pcie_tree_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
+    """GPUs under PCIe switches (``gpus_per_switch``), each switch's ``uplink`` to a root complex.
+
+    With ``sockets: S`` the switches are split evenly among S CPU sockets, each with its own
+    root complex, and the roots are joined by ``qpi: {bw_GBps, lat_us}`` (a link per ordered
+    pair of sockets): a route between GPUs on different sockets is GPU -> switch -> root(a) ->
+    QPI -> root(b) -> switch -> GPU.  Without ``sockets`` there is one root, named ``root``.
+    """
+    cls, bw, lat = str(spec.get("cls", "nvlink")), link_bandwidth(spec, key), link_latency(spec, 5.0, key)
+    k = len(gpus)
+    per_sw = positive_int(spec.get("gpus_per_switch", 2), f"cluster.{key}.gpus_per_switch")
+    up = [b.link(f"{prefix}gpu{a}->sw{a // per_sw}", cls, bw, lat / 2) for a in range(k)]
+    down = [b.link(f"{prefix}sw{a // per_sw}->gpu{a}", cls, bw, lat / 2) for a in range(k)]
+    nsw = (k + per_sw - 1) // per_sw
+    sockets = integer(spec.get("sockets", 1), f"cluster.{key}.sockets")
+    if sockets < 1 or nsw % sockets:
+        raise ClusterError(f"{key}.sockets: {sockets} socket(s) cannot share the {nsw} PCIe switch(es) evenly")
+    sock = [s // (nsw // sockets) for s in range(nsw)]
+    root = [f"root{sock[s]}" if sockets > 1 else "root" for s in range(nsw)]
+    up_bw = link_bandwidth(spec["uplink"], f"{key}.uplink") if spec.get("uplink") is not None else link_bandwidth(spec, key)
+    sw_up = [b.link(f"{prefix}sw{s}->{root[s]}", cls, up_bw, 0.0) for s in range(nsw)]
+    sw_down = [b.link(f"{prefix}{root[s]}->sw{s}", cls, up_bw, 0.0) for s in range(nsw)]
+    qpi: dict[tuple[int, int], int] = {}
+    if sockets > 1:
+        q = spec.get("qpi")
+        if q is None:
+            raise ClusterError(f"{key}.qpi is missing: {sockets} sockets need qpi: {{bw_GBps, lat_us}} between their root complexes")
+        qcls, qbw, qlat = str(q.get("cls", "qpi")), link_bandwidth(q, f"{key}.qpi"), link_latency(q, 0.0, f"{key}.qpi")
+        for x in range(sockets):
+            for y in range(sockets):
+                if x != y:
+                    qpi[x, y] = b.link(f"{prefix}root{x}->root{y}", qcls, qbw, qlat)
+    routes: Routes = {}
+    for a in range(k):
+        for c in range(k):
+            if a == c:
+                continue
+            sa, sc = a // per_sw, c // per_sw
+            if sa == sc:
+                routes[gpus[a], gpus[c]] = (up[a], down[c])
+            else:
+                cross = (qpi[sock[sa], sock[sc]],) if sock[sa] != sock[sc] else ()
+                routes[gpus[a], gpus[c]] = (up[a], sw_up[sa], *cross, sw_down[sc], down[c])
+    return routes
+
+
+def _nvlink_pairs(pairs: Any, k: int, key: str) -> dict[tuple[int, int], int]:
+    """``[[i, j, nlinks], ...]`` checked against a node of ``k`` GPUs, as ``{(min, max): nlinks}``."""
+    if not isinstance(pairs, Sequence) or isinstance(pairs, str):
+        raise ClusterError(f"{key}.pairs must be a list [[i, j, nlinks], ...] of the GPU pairs with NVLink (got {pairs!r})")
+    out: dict[tuple[int, int], int] = {}
+    for p in pairs:
+        try:
+            i, j, n = (int(v) for v in p)
+        except (TypeError, ValueError):
+            raise ClusterError(f"{key}.pairs entry {p!r} is not [i, j, nlinks]") from None
+        if not (0 <= i < k and 0 <= j < k) or i == j:
+            raise ClusterError(f"{key}.pairs entry {[i, j, n]} must name two different GPUs among 0..{k - 1}")
+        if n < 1:
+            raise ClusterError(f"{key}.pairs entry {[i, j, n]}: nlinks must be >= 1")
+        pair = (min(i, j), max(i, j))
+        if pair in out:
+            raise ClusterError(f"{key}.pairs lists GPUs {pair[0]} and {pair[1]} twice")
+        out[pair] = n
+    return out
+
+
+def _nvlink_mesh_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
+    """NVLink point to point, as on DGX-1's hybrid cube-mesh: each listed pair ``[i, j, nlinks]``
+    gets ``nlinks`` bricks of ``link_GBps`` per direction (one directional link each way of
+    ``nlinks x link_GBps``).  Pairs without an NVLink take their route through ``fallback``
+    (an intra-node spec, typically a ``pcie_tree`` with ``sockets``: CUDA peer-to-peer between
+    GPUs without an NVLink goes over PCIe, and over QPI across CPU sockets)."""
+    if spec.get("link_GBps") is None:
+        raise ClusterError(f"{key}.link_GBps is missing: nvlink_mesh needs the bandwidth of one brick per direction")
+    brick = positive_number(spec["link_GBps"], f"cluster.{key}.link_GBps") * 1e9
+    cls, lat = str(spec.get("cls", "nvlink")), link_latency(spec, 5.0, key)
+    bricks = _nvlink_pairs(spec.get("pairs"), len(gpus), key)
+    routes: Routes = {}
+    for (a, c), n in bricks.items():
+        routes[gpus[a], gpus[c]] = (b.link(f"{prefix}gpu{a}->gpu{c}", cls, n * brick, lat),)
+        routes[gpus[c], gpus[a]] = (b.link(f"{prefix}gpu{c}->gpu{a}", cls, n * brick, lat),)
+    fallback = spec.get("fallback")
+    if fallback is None:
+        missing = [(a, c) for a in range(len(gpus)) for c in range(a + 1, len(gpus)) if (a, c) not in bricks]
+        if missing:
+            raise ClusterError(f"{key}.fallback is missing: GPUs {missing[0][0]} and {missing[0][1]} have no NVLink ({len(missing)} such pair(s))")
+        return routes
+    if str(fallback.get("topology", "switch")) == "nvlink_mesh":
+        raise ClusterError(f"{key}.fallback cannot be another nvlink_mesh")
+    for pair, r in intra_routes(b, prefix, gpus, fallback, f"{key}.fallback").items():
+        routes.setdefault(pair, r)
+    return routes
+
+
+TOPOLOGIES = {"mesh": _mesh_routes, "switch": _switch_routes, "pcie_tree": _pcie_tree_routes, "nvlink_mesh": _nvlink_mesh_routes}
+
+
+def intra_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str = "cluster.intra") -> Routes:
+    """Routes among the GPUs of one host, by ``spec["topology"]`` (``key``, the spec's path in
+    the config such as ``cluster.intra`` or ``cluster.intra.fallback``, names it in errors)."""
+    topo = str(spec.get("topology", "switch"))
+    if topo not in TOPOLOGIES:
+        raise ClusterError(f"{key}.topology={topo!r} is not a topology: use {', '.join(TOPOLOGIES)}")
+    return TOPOLOGIES[topo](b, prefix, gpus, spec, key)
