@@ -245,11 +245,15 @@ def per_seed_summary(frames: dict[int, pd.DataFrame]) -> pd.DataFrame:
     and its scaling rows within 5 points."""
     rows = []
     for seed in sorted(frames):
-        sc = scaling_table(frames[seed])
-        pts = sc["calibrated_points"].dropna() if "calibrated_points" in sc else pd.Series(dtype=float)
-        rows.append({"seed": seed, **summary(frames[seed], "calibrated"), "scaling_within_5": int((pts.abs() <= 5).sum()),
-                     "scaling_rows": int(len(pts))})
+        within5, n = scaling_within_5(scaling_table(frames[seed]))
+        rows.append({"seed": seed, **summary(frames[seed], "calibrated"), "scaling_within_5": within5, "scaling_rows": n})
     return pd.DataFrame(rows)
+
+
+def scaling_within_5(sc: pd.DataFrame) -> tuple[int, int]:
+    """(rows whose calibrated scaling efficiency is within 5 points of the published, rows compared)."""
+    pts = sc["calibrated_points"].dropna() if "calibrated_points" in sc else pd.Series(dtype=float)
+    return int((pts.abs() <= 5).sum()), int(len(pts))
 
 
 def plot(tp: pd.DataFrame, path: Path) -> None:
@@ -346,10 +350,9 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame
     bad = tp[(tp["calibrated_status"] == "ok") & ((tp["calibrated_ratio"] - 1).abs() > 0.25)]
     good = tp[(tp["calibrated_status"] == "ok") & ((tp["calibrated_ratio"] - 1).abs() <= 0.10)]
     unmatched = tp[tp["calibrated_status"] != "ok"]
-    sc_ok = sc.dropna(subset=["calibrated_points"]) if "calibrated_points" in sc else sc.iloc[0:0]
-    within5 = int((sc_ok["calibrated_points"].abs() <= 5).sum()) if len(sc_ok) else 0
+    within5, n_sc = scaling_within_5(sc)
     goal_tp = cal["goal_met"]
-    goal_sc = len(sc_ok) > 0 and within5 == len(sc_ok)
+    goal_sc = n_sc > 0 and within5 == n_sc
     test = kf[kf["split"].isin(["test", "leave-one-out"])]
     lines = [
         "# GPU accuracy: simulated against published training throughput",
@@ -366,7 +369,7 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame
         f"* **analytical** (the uncalibrated roofline): median {100 * ana['median_abs_error']:.1f} %; "
         f"{ana['within_10']} within 10 %, {ana['within_25']} within 25 % (worst {100 * ana['worst']:.0f} %).",
         f"* Goal (median at most 10 %, every row within 25 %): **{'met' if goal_tp else 'not met'}**.",
-        f"* Multi-GPU scaling efficiency within 5 points of the published: {within5} of {len(sc_ok)} rows "
+        f"* Multi-GPU scaling efficiency within 5 points of the published: {within5} of {n_sc} rows "
         f"(goal: all): **{'met' if goal_sc else 'not met'}**.",
         "",
         "Right (within 10 %, calibrated): " + (", ".join(good["id"]) or "none") + ".",

@@ -19,6 +19,7 @@ from algorithms.sched.levels import mean_transfer_time, static_costs
 from harness.core.cluster import Cluster
 from harness.core.costs import AnalyticalCostModel, CostModel
 from harness.core.graph import EdgeListGraph, OpGraph
+from harness.core.graph_rewrites import union_roots
 
 CommFn = Callable[[float, int, int], float]
 
@@ -90,27 +91,18 @@ class SchedGraph(EdgeListGraph):
         qs, qd = ukey // max(G, 1), ukey % max(G, 1)
         c = mean_transfer_time(nb, cluster)
         # co-location: union the groups that meet in one merged node
-        parent = list(range(G))
-
-        def find(a: int) -> int:
-            while parent[a] != a:
-                parent[a] = parent[parent[a]]
-                a = parent[a]
-            return a
-
         first_of: dict[int, int] = {}
+        unions: list[tuple[int, int]] = []
         for v, cg in zip(group.tolist(), self.coloc.tolist()):
             if cg < 0:
                 continue
             if cg in first_of:
-                ra, rb = find(first_of[cg]), find(v)
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)
+                unions.append((first_of[cg], v))
             else:
                 first_of[cg] = v
         has = np.zeros(G, dtype=bool)
         has[group[self.coloc >= 0]] = True
-        roots = np.array([find(g) for g in range(G)], dtype=np.int64)
+        roots = union_roots(G, unions)
         coloc = np.full(G, -1, dtype=np.int64)
         if has.any():
             _, ids = np.unique(roots[has], return_inverse=True)

@@ -17,9 +17,9 @@ import numpy as np
 from harness.core.graph import REPLICATED, UPDATE, OpGraph, edges_from_pairs
 
 
-def groups_from_unions(n: int, unions: "Iterable[tuple[int, int]]") -> np.ndarray:
-    """Co-location group ids (-1: no group) from pairs of nodes that must share a device
-    (union-find; a group's id follows the order of its smallest member)."""
+def union_roots(n: int, unions: "Iterable[tuple[int, int]]") -> np.ndarray:
+    """Union-find over ``0..n-1``: per element, the smallest member of its set once every pair
+    of ``unions`` is joined (so the result does not depend on the order of the pairs)."""
     parent = list(range(n))
 
     def find(a: int) -> int:
@@ -32,7 +32,13 @@ def groups_from_unions(n: int, unions: "Iterable[tuple[int, int]]") -> np.ndarra
         ra, rb = find(a), find(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
-    roots = np.array([find(v) for v in range(n)], dtype=np.int64)
+    return np.array([find(v) for v in range(n)], dtype=np.int64)
+
+
+def groups_from_unions(n: int, unions: "Iterable[tuple[int, int]]") -> np.ndarray:
+    """Co-location group ids (-1: no group) from pairs of nodes that must share a device
+    (:func:`union_roots`; a group's id follows the order of its smallest member)."""
+    roots = union_roots(n, unions)
     grouped = np.bincount(roots, minlength=n)[roots] > 1
     coloc = np.full(n, -1, np.int32)
     if grouped.any():
