@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from harness.core.capture import SHAPE_ONLY
+from harness.core.fx_graph import SHAPE_ONLY
 from harness.core.graph import OpGraph
 
 

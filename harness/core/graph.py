@@ -172,6 +172,25 @@ class EdgeListGraph:
             self._pred = csr(self.num_nodes, self.dst, self.src)
         return self._pred
 
+    def successors(self, v: int) -> np.ndarray:
+        ptr, succ, _ = self.succ_csr()
+        return succ[ptr[v]:ptr[v + 1]]
+
+    def predecessors(self, v: int) -> np.ndarray:
+        """Producers of v's inputs, in :meth:`pred_csr`'s order (port order in a LayerGraph, where
+        a producer feeding two ports appears twice)."""
+        ptr, pred, _ = self.pred_csr()
+        return pred[ptr[v]:ptr[v + 1]]
+
+    def in_edges(self, v: int) -> np.ndarray:
+        """Edge ids into v, in :meth:`pred_csr`'s order (a LayerGraph's ``in_edges(v)[p]`` feeds port p)."""
+        ptr, _, eid = self.pred_csr()
+        return eid[ptr[v]:ptr[v + 1]]
+
+    def out_edges(self, v: int) -> np.ndarray:
+        ptr, _, eid = self.succ_csr()
+        return eid[ptr[v]:ptr[v + 1]]
+
 
 @dataclass(eq=False)
 class OpGraph(EdgeListGraph):
@@ -275,14 +294,6 @@ class OpGraph(EdgeListGraph):
     @property
     def num_nodes(self) -> int:
         return len(self.names)
-
-    def successors(self, v: int) -> np.ndarray:
-        ptr, succ, _ = self.succ_csr()
-        return succ[ptr[v]:ptr[v + 1]]
-
-    def predecessors(self, v: int) -> np.ndarray:
-        ptr, pred, _ = self.pred_csr()
-        return pred[ptr[v]:ptr[v + 1]]
 
     def params_of(self, v: int) -> np.ndarray:
         """Parameter ids node v reads directly."""

@@ -256,24 +256,6 @@ class LayerGraph(EdgeListGraph):
             self._pred = (ptr, self.src[order].astype(np.int32), order)
         return self._pred
 
-    def successors(self, v: int) -> np.ndarray:
-        ptr, succ, _ = self.succ_csr()
-        return succ[ptr[v]:ptr[v + 1]]
-
-    def predecessors(self, v: int) -> np.ndarray:
-        """Producers of v's inputs, in port order (a producer feeding two ports appears twice)."""
-        ptr, pred, _ = self.pred_csr()
-        return pred[ptr[v]:ptr[v + 1]]
-
-    def in_edges(self, v: int) -> np.ndarray:
-        """Edge ids into v, in port order (``in_edges(v)[p]`` feeds port p)."""
-        ptr, _, eid = self.pred_csr()
-        return eid[ptr[v]:ptr[v + 1]]
-
-    def out_edges(self, v: int) -> np.ndarray:
-        ptr, _, eid = self.succ_csr()
-        return eid[ptr[v]:ptr[v + 1]]
-
     def index(self, name: str) -> int:
         """Node id of ``name``."""
         if self._index is None:
