@@ -66,6 +66,12 @@ SETUP_NOTES: tuple[tuple[str, str], ...] = (
      "the simulation all-reduces with the ring fitted to DeepBench's NCCL 2.0 runs, overlapped with the backward pass"),
     (r"^p100",
      "every P100 row: CUDA 8 / cuDNN 5.1 (the page), while DeepBench's P100 kernels were timed with CUDA 8.0.88 / cuDNN 6.0.21"),
+    (r"^v100x\d+nvl_(?:gnmt|tbig)_",
+     "V100 GNMT and Transformer on 8 GPUs (DeepLearningExamples' trainers as of the README versions that publish these "
+     "figures: GNMT `seq2seq/train/trainer.py`, Transformer `fairseq/ddp_trainer.py`): apex `DistributedDataParallel` "
+     "with its defaults, which overlaps bucketed all-reduces with the backward pass as the simulation does; every step "
+     "also waits on the host (GNMT's `loss.item()`; the Transformer's `all_gather_list` of its logging outputs and a "
+     "division of each gradient before the update), which the simulation does not model"),
 )
 
 
