@@ -42,7 +42,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from harness.core.errors import ProfileError
-from harness.core.execgraph import ExecGraph, initial_state, graph_fingerprint, layer_runs, materialize, node_keys, resolve, tensors_of
+from harness.core.execgraph import ExecGraph, initial_state, graph_fingerprint, layer_runs, materialize, node_keys, resolve
+from harness.core.fx_graph import tensors_of
 from harness.core.graph import BATCH_ROLES, PHASES
 from harness.core.profiled import profile_dir_for
 from harness.core.timing import IdleSpinners, cpu_model, dead_inputs, device_name, in_situ_step, pinned, steady_malloc, thread_count

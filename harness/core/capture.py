@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from harness.core.errors import UserError
-from harness.core.fx_graph import ProbeRecord, fx_tensors, to_opgraph
+from harness.core.fx_graph import ProbeRecord, tensors_of, to_opgraph
 from harness.core.graph import GraphError, OpGraph
 from harness.core.graph_rewrites import coarsen_runs
 from harness.core.kernels import GEMM_TARGETS
@@ -102,7 +102,7 @@ class _Annotator:
 
     def _claim(self, out: Any, path: str) -> None:
         """Tag the autograd nodes this module created so its backward ops carry its path."""
-        todo = [t.grad_fn for t in fx_tensors(out) if getattr(t, "grad_fn", None) is not None]
+        todo = [t.grad_fn for t in tensors_of(out) if getattr(t, "grad_fn", None) is not None]
         while todo:
             fn = todo.pop()
             if fn is None or fn in self.claimed:
@@ -264,7 +264,7 @@ def _probe(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: 
             out = func(*args, **kwargs)
             name = str(func)
             ins = [list(a.shape) for a in args if isinstance(a, torch.Tensor)] if name in GEMM_TARGETS else None
-            records.append((name, [list(t.shape) for t in fx_tensors(out)], ins))
+            records.append((name, [list(t.shape) for t in tensors_of(out)], ins))
             return out
 
     step = _make_step(module, loss, lr, optimizer, None, precision)

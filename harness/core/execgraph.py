@@ -353,16 +353,6 @@ def materialize(x: Any, node_vals: Sequence[Any], ph_vals: Sequence[Any], device
     return x
 
 
-def tensors_of(val: Any) -> list[Any]:
-    import torch
-
-    if isinstance(val, torch.Tensor):
-        return [val]
-    if isinstance(val, (list, tuple)):
-        return [t for v in val for t in tensors_of(v)]
-    return []
-
-
 # ---------------------------------------------------------------------------- real state
 def make_batch(source: Any, batch: int, seed: int) -> tuple[list[Any], Any]:
     """A seeded real batch for a :class:`~harness.core.models.TorchModel`: (inputs, target) on the CPU.

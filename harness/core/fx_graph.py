@@ -34,13 +34,14 @@ def target_name(target: Any) -> str:
     return str(target)
 
 
-def fx_tensors(val: Any) -> list[Any]:
+def tensors_of(val: Any) -> list[Any]:
+    """The tensors in ``val``, a tensor or nested lists and tuples of them (anything else: none)."""
     import torch
 
     if isinstance(val, torch.Tensor):
         return [val]
     if isinstance(val, (list, tuple)):
-        return [t for v in val for t in fx_tensors(v)]
+        return [t for v in val for t in tensors_of(v)]
     return []
 
 
@@ -76,7 +77,7 @@ def align_probe(ops: list[Any], records: list[ProbeRecord]) -> tuple[list[list[l
                 return None
             # the parent's flat outputs: select the one this getitem names
             val = parent.meta.get("val")
-            flat_index = sum(len(fx_tensors(v)) for v in val[: n.args[1]]) if isinstance(val, (list, tuple)) else 0
+            flat_index = sum(len(tensors_of(v)) for v in val[: n.args[1]]) if isinstance(val, (list, tuple)) else 0
             parent_shapes = shapes[j]
             shapes.append([parent_shapes[flat_index]] if flat_index < len(parent_shapes) else [])
             ins.append(None)
@@ -144,7 +145,7 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
     for i, n in enumerate(ops):
         tname = target_name(n.target)
         short = tname.split(".")[1] if tname.startswith("aten.") else tname
-        outs = fx_tensors(n.meta.get("val"))
+        outs = tensors_of(n.meta.get("val"))
         custom = n.meta.get("custom") or {}
         lname = custom.get("layer", "loss")
         phase[i] = phase_code.get(custom.get("phase", "forward"), FORWARD)
@@ -171,7 +172,7 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
                 in_bytes += pbytes[param_of[a]]
             if a in data_ph:
                 data_dep[i] = True
-                in_bytes += sum(nbytes(t) for t in fx_tensors(a.meta.get("val")))
+                in_bytes += sum(nbytes(t) for t in tensors_of(a.meta.get("val")))
             if a in idx:
                 j = idx[a]
                 if short in SHAPE_ONLY:
@@ -179,9 +180,9 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
                 data_dep[i] |= data_dep[j]
                 src_val = a.meta.get("val")
                 if n.target is operator.getitem and isinstance(src_val, (list, tuple)):
-                    b = sum(nbytes(t) for t in fx_tensors(src_val[n.args[1]]))
+                    b = sum(nbytes(t) for t in tensors_of(src_val[n.args[1]]))
                 else:
-                    b = sum(nbytes(t) for t in fx_tensors(src_val))
+                    b = sum(nbytes(t) for t in tensors_of(src_val))
                 in_bytes += b
                 pairs.append((j, i, b))
         p_idx.extend(sorted(set(reads)))
