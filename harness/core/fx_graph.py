@@ -27,8 +27,7 @@ SHAPE_ONLY = {"ones_like", "zeros_like", "empty_like", "full_like", "new_zeros",
 NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
 
-
-def target_name(target: Any) -> str:
+def _target_name(target: Any) -> str:
     if target is operator.getitem:
         return "getitem"
     return str(target)
@@ -45,11 +44,11 @@ def tensors_of(val: Any) -> list[Any]:
     return []
 
 
-def nbytes(t: Any) -> int:
+def _nbytes(t: Any) -> int:
     return int(t.numel()) * t.element_size()
 
 
-def arg_nodes(node: Any) -> list[Any]:
+def _arg_nodes(node: Any) -> list[Any]:
     import torch.fx as fx
 
     out: list[Any] = []
@@ -115,7 +114,7 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
         param_of[ph] = n_params + j
     data_ph = set(placeholders[n_params + n_bufs:])
     pnames = list(info["param_names"]) + list(info["buffer_names"])
-    pbytes = [nbytes(ph.meta["val"]) for ph in placeholders[: n_params + n_bufs]]
+    pbytes = [_nbytes(ph.meta["val"]) for ph in placeholders[: n_params + n_bufs]]
 
     ops = [n for n in nodes if n.op == "call_function"]
     idx = {n: i for i, n in enumerate(ops)}
@@ -143,7 +142,7 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
     from torch.utils.flop_counter import flop_registry
 
     for i, n in enumerate(ops):
-        tname = target_name(n.target)
+        tname = _target_name(n.target)
         short = tname.split(".")[1] if tname.startswith("aten.") else tname
         outs = tensors_of(n.meta.get("val"))
         custom = n.meta.get("custom") or {}
@@ -156,10 +155,10 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
         targets.append(tname)
         shapes.append([list(t.shape) for t in outs])
         dtypes.append([str(t.dtype).replace("torch.", "") for t in outs])
-        out_b[i] = sum(nbytes(t) for t in outs)
+        out_b[i] = sum(_nbytes(t) for t in outs)
         is_view = n.target is operator.getitem or bool(getattr(n.target, "is_view", False)) or short in NO_KERNEL
         free[i] = is_view
-        args = arg_nodes(n)
+        args = _arg_nodes(n)
         in_bytes = 0
         seen: set[Any] = set()
         reads: list[int] = []
@@ -172,7 +171,7 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
                 in_bytes += pbytes[param_of[a]]
             if a in data_ph:
                 data_dep[i] = True
-                in_bytes += sum(nbytes(t) for t in tensors_of(a.meta.get("val")))
+                in_bytes += sum(_nbytes(t) for t in tensors_of(a.meta.get("val")))
             if a in idx:
                 j = idx[a]
                 if short in SHAPE_ONLY:
@@ -180,9 +179,9 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
                 data_dep[i] |= data_dep[j]
                 src_val = a.meta.get("val")
                 if n.target is operator.getitem and isinstance(src_val, (list, tuple)):
-                    b = sum(nbytes(t) for t in tensors_of(src_val[n.args[1]]))
+                    b = sum(_nbytes(t) for t in tensors_of(src_val[n.args[1]]))
                 else:
-                    b = sum(nbytes(t) for t in tensors_of(src_val))
+                    b = sum(_nbytes(t) for t in tensors_of(src_val))
                 in_bytes += b
                 pairs.append((j, i, b))
         p_idx.extend(sorted(set(reads)))
