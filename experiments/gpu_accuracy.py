@@ -363,8 +363,8 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame
     lines = [
         "# GPU accuracy: simulated against published training throughput",
         "",
-        f"Written by `python -m experiments gpu_accuracy{' --quick' if quick else ''}` (about 3 minutes on 2 cores, the",
-        "refits of `--fit-seeds` included).",
+        f"Written by `python -m experiments gpu_accuracy{' --quick' if quick else ''}` "
+        + ("(seconds)." if quick else "(3-4 minutes on 2 cores, the refits of `--fit-seeds` included)."),
         "Published figures are others' measurements, each with its source in `throughput.csv`;",
         "every simulated figure is this harness's (`costs=calibrated`, the default, and `costs=analytical`).",
         "",
