@@ -15,7 +15,8 @@ import numpy as np
 
 from algorithms.base import Algorithm
 from algorithms.sched.constraints import follow_colocation
-from harness.core.cluster import Cluster, integer, positive_int
+from harness.core.cluster import Cluster
+from harness.core.checks import integer, positive_int
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
 from harness.core.strategy import ParallelConfig, Plan, Strategy, StrategyError

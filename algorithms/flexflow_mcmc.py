@@ -69,7 +69,6 @@ def mcmc(tables: LayerCostTables, seed: int, iterations: int, beta: float, patie
          budget_s: float | None = None, start: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Run the chain; returns the best config index per node and statistics."""
     rng = np.random.default_rng(seed)
-    lg = tables.lgraph
     n = tables.num_nodes
     ncost = [c.tolist() for c in tables.node_cost]
     adj: list[list[tuple[int, list[list[float]], bool]]] = [[] for _ in range(n)]

@@ -9,8 +9,8 @@ import argparse
 from typing import Any
 
 from experiments.common import experiment_args, models_of
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 
 #: Celeritas Sec. 6.2.1: the four models, their batch sizes, 4 x V100 32 GB on PCIe
 MODELS: list[tuple[str, int]] = [("inception_v3", 512), ("nmt", 512), ("transformer", 256), ("tensor_holography", 32)]

@@ -14,8 +14,8 @@ from hydra.utils import instantiate
 from tqdm import tqdm
 
 from experiments.common import experiment_args, models_of
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 
 #: FD-DPS Table 3 / 5: the six models and their batch sizes; the testbed is 8 P100 in one server
 MODELS: list[tuple[str, int]] = [

@@ -1,7 +1,7 @@
 """The GPU accuracy experiment's noise floor: how far the kernel fit's train / test split moves it.
 
 The committed calibration table (``harness/data/kernel_calibration.json``) is fitted on a seeded
-70 % of DeepBench's kernels (seed 0, :func:`harness.kernel_fit.split_indices`).  A table fitted
+70 % of DeepBench's kernels (seed 0, :func:`harness.app.kernel_fit.split_indices`).  A table fitted
 on another seed's 70 % is an equally entitled calibrated model: the same data, the same model,
 another draw of the rows held out.  Each published row simulated under every such table shows
 how precisely the kernel measurements pin that row down, and the verdict's figures (median
@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from harness.kernel_fit import fit_all
+from harness.app.kernel_fit import fit_all
 
 #: the seed of the committed table (its ``seed`` field)
 COMMITTED_SEED = 0

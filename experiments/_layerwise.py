@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.cluster import Cluster
 from harness.core.layergraph import LayerGraph
-from harness.run import build
+from harness.app.run import build
 
 _GRAPHS: dict[str, LayerGraph] = {}
 

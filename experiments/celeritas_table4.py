@@ -29,8 +29,8 @@ from algorithms.m_topo import MTopo
 from algorithms.metis_place import Metis
 from experiments._celeritas import PAPER_TABLE4, TABLE4_ALGOS, cli, load, models_to_run
 from experiments.common import output_dir, print_table, style
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 
 EXTRA = ["m_etf", "metis", "m_topo", "dfs_topo"]
 

@@ -37,7 +37,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments.common import experiment_args, output_dir
-from harness.compose import compose
+from harness.app.compose import compose
 
 #: (depth, width, batch) of the chains: the compute between messages grows with width^2 x
 #: batch, a message with width x batch, so the points vary the two apart
@@ -86,7 +86,7 @@ def chain_overrides(depth: int, width: int, batch: int) -> list[str]:
 
 def run_chain(point: tuple[int, int, int], algo: str, steps: int, warmup: int) -> ChainRun:
     """A chain run for real on cpu2 with the profile interleaved with its steps."""
-    from harness.run import run
+    from harness.app.run import run
 
     cfg = compose([*chain_overrides(*point), f"algo={algo}", "cluster=cpu2", "costs=analytical", "sim=realrun", "sim.interleave_profile=true",
                    f"sim.steps={steps}", f"sim.warmup={warmup}", "output.gantt=false", "output.trace=false", "output.worth=false"])

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
-from harness.compose import CONF
+from harness.app.compose import CONF
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"

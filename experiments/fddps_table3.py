@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["model", "batch", "ops", "edges", "ops_after_split", "edges_after_split"]
     cols += ["core_aten_ops", "core_aten_edges"] if a.core_aten else []
     cols += ["paper_ops", "paper_edges"]
-    text = print_table(rows, cols, title="FD-DPS Table 3: operators and edges (ours: PyTorch aten graphs; paper: TF-Slim graphs)")
+    print_table(rows, cols, title="FD-DPS Table 3: operators and edges (ours: PyTorch aten graphs; paper: TF-Slim graphs)")
 
     style()
     import matplotlib.pyplot as plt

@@ -7,7 +7,6 @@ paper's: convolution -> Conv2D, convolution_backward -> Conv2Dbp, mm / addmm / b
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -11,7 +11,7 @@ published GPU count, under the calibrated and the analytical cost model.  The ou
 * ``scaling.csv``: multi-GPU scaling efficiency (throughput / (GPUs x one GPU's throughput
   at the same per-GPU batch)) beside the published one;
 * ``kernel_fit.csv``: the kernel fit's error on the DeepBench rows it was not fitted on
-  (median and 90th percentile per device, precision and class; :mod:`harness.kernel_fit`);
+  (median and 90th percentile per device, precision and class; :mod:`harness.app.kernel_fit`);
 * ``predicted_vs_published.png``: log-log, with the +-10 % and +-25 % bands.
 
 Published figures stand in their own column, labelled with their source; every simulated
@@ -33,8 +33,8 @@ from tqdm import tqdm
 
 from experiments._gpu_fit_spread import COMMITTED_SEED, readme_lines, refit_tables, seed_frames, spread_table
 from experiments.common import REPO, experiment_args, output_dir, print_table, style
-from harness.compose import compose
-from harness.kernel_fit import GPU_DATA, error_summary, fit_all
+from harness.app.compose import compose
+from harness.app.kernel_fit import GPU_DATA, error_summary, fit_all
 from harness.core.kernel_model import load_table
 from simulators.taskgraph import COLLECTIVE
 
@@ -95,7 +95,7 @@ def _workload(row_id: str) -> str:
 def simulate_row(row: pd.Series, costs: str, extra: Sequence[str] = ()) -> dict[str, Any]:
     """One published row under one cost model (and ``extra`` overrides, such as another
     calibration table): simulated throughput in the published unit."""
-    from harness.run import run
+    from harness.app.run import run
 
     gpus = int(row["gpus"])
     algo = ["algo=single_device"] if gpus == 1 else ["algo=data_parallel", f"algo.devices={gpus}"]

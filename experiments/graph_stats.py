@@ -10,8 +10,8 @@ from tqdm import tqdm
 
 from algorithms.sched.levels import graph_ccr
 from experiments.common import experiment_args, model_overrides, models_of, output_dir, print_table, style, zoo_models
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 from harness.core.stats import graph_stats
 
 QUICK_MODELS = ["lenet5", "alexnet", "resnet50"]

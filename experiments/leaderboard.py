@@ -1,7 +1,7 @@
 """Every algorithm on every paper model and testbed, on one grid, under one cost model.
 
 No paper compares all these systems under one cost model; this grid does.  Each cell is one
-``harness.run`` job (the config ``python -m harness model=M cluster=C algo=A`` composes) in
+``harness.app.run`` job (the config ``python -m harness model=M cluster=C algo=A`` composes) in
 a worker process with a time limit.  The cell's figure is the simulated step time over the
 ideal ``W / D``: the graph's total compute on one device spread perfectly over the D
 devices (splitting an operator never removes work).  Operator-graph algorithms and
@@ -25,7 +25,7 @@ from experiments._grid import Job, run_jobs
 from experiments.common import (
     algo_overrides, algorithms, budget_overrides, experiment_args, model_overrides, models_of, output_dir, print_table, style,
 )
-from harness.compose import compose
+from harness.app.compose import compose
 
 #: the papers' models at their batch sizes (the conf/model defaults)
 MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "resnet200", "pnasnet_mobile", "nasnet_large",
@@ -38,7 +38,7 @@ QUICK_CLUSTERS = ["p100x4", "v100x4_pcie"]
 
 def run_cell(overrides: Sequence[str]) -> dict[str, Any]:
     """One job: the result row's figures plus the setting's bound W / D."""
-    from harness.run import build, run
+    from harness.app.run import build, run
 
     cfg = compose([*overrides, "output.worth=false"])  # the cell has its own reference, W / D
     res = run(cfg)
@@ -62,7 +62,7 @@ def _capture_all(models: Sequence[tuple[str, int | None]], clusters: Sequence[st
     """Capture every graph once in the parent so forked workers find them in memory."""
     from tqdm import tqdm
 
-    from harness.run import build
+    from harness.app.run import build
 
     for m, b in tqdm(models, desc="capturing", unit="model"):
         cfg = compose(model_overrides(m, b) + [f"cluster={clusters[0]}"])

@@ -3,7 +3,7 @@
 Two families of graphs on ``p100x8``: seeded ``synthetic`` DAGs of growing size (operator
 placement algorithms; a synthetic graph has no layer graph) and the zoo models at their
 batch sizes (every algorithm, layer-graph ones on the model's layer graph).  Each point is
-one ``harness.run`` job in a worker process with a time limit; on the synthetic ladder an
+one ``harness.app.run`` job in a worker process with a time limit; on the synthetic ladder an
 algorithm stops climbing once a size took more than a third of the limit (the next size is
 about three times larger), and the skipped sizes say so.  Every job also times the event
 simulator, which gives the throughput plot (tasks simulated per second against tasks).
@@ -33,7 +33,7 @@ from experiments._grid import Job, run_jobs
 from experiments.common import (
     REPO, algo_overrides, algorithms, experiment_args, model_overrides, models_of, output_dir, series_style, style, zoo_models,
 )
-from harness.compose import compose
+from harness.app.compose import compose
 
 SIZES = [300, 1000, 3000, 10000, 30000, 100000]
 QUICK_SIZES = [100, 300, 1000]
@@ -42,7 +42,7 @@ CLUSTER = "p100x8"
 
 
 def run_point(overrides: Sequence[str]) -> dict[str, Any]:
-    from harness.run import run
+    from harness.app.run import run
 
     return point_of(run(compose([*overrides, "output.worth=false"])).row)
 
@@ -87,7 +87,7 @@ def paired(jobs: list[Job], tree: Path | None) -> list[Job]:
 
 
 def _is_layer(algo: str) -> bool:
-    from harness.run import build
+    from harness.app.run import build
 
     cfg = compose(["model=lenet5", *algo_overrides(algo)])
     return getattr(build(cfg)[3], "graph_kind", "op") == "layer"
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     alive = {v: list(op_algos) for v in versions}
     for n in sizes:
         jobs = [j for j in paired([Job((("family", "synthetic"), ("algo", x), ("size", str(n))),
-                                       tuple([f"model=synthetic", f"model.nodes={n}", *base, *algo_overrides(x)]))
+                                       tuple(["model=synthetic", f"model.nodes={n}", *base, *algo_overrides(x)]))
                                    for x in op_algos], tree)
                 if dict(j.key)["algo"] in alive[dict(j.key)["version"]]]
         got = run_jobs(jobs, run_point, timeout, workers=a.workers, desc=f"synthetic {n}")
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                           "error": f"not run: size {n} took more than a third of the {timeout:g} s limit"} for m in sizes if m > n]
             alive[v] = [x for x in alive[v] if x not in slow]
     for m, b in zoo:  # capture once in the parent; forked workers reuse it
-        from harness.run import build
+        from harness.app.run import build
 
         cfg = compose([*model_overrides(m, b), *base])
         src = build(cfg)[0]

@@ -3,7 +3,7 @@
 For each small model the ops are first profiled on this CPU at one thread (the thread count
 of a cpu2 rank) at the batch sizes the strategies need (B and B/2), into the profile
 directory of cpu2's device kind.  By default each op is timed *in situ* (its call inside whole
-steps, ``harness.profile mode=in_situ``, filed under ``<out>/profiles``): timed in isolation
+steps, ``harness.app.profile mode=in_situ``, filed under ``<out>/profiles``): timed in isolation
 (``--profile-mode isolated``, the profiles of results/profiles) an op runs on warm caches and
 the steps of these small models come out short on a single device.  Then, for each
 algorithm whose plan can run for real (operator placements and data parallelism on the
@@ -32,7 +32,7 @@ also simulated under the simulator's other model of what a message costs a CPU r
 The communication figures of cpu2 (link, all-reduce and what a message costs the ranks'
 cores, ``host_comm``) come from ``python -m harness.calibrate --write``, measured the way
 ``sim=realrun`` runs (each rank on its own core, idle spinners on both).  The profiler and
-the ranks both keep the memory they free (:func:`harness.core.timing.steady_malloc`).  Timing needs a quiet machine: the load average is recorded before and after
+the ranks both keep the memory they free (:func:`simulators.realrun.timing.steady_malloc`).  Timing needs a quiet machine: the load average is recorded before and after
 the run.
 
 The searches use the simulator to *rank* strategies, so per model, across its executed
@@ -64,7 +64,7 @@ from tqdm import tqdm
 
 from experiments._sim_rank import RANKS_CSV, print_rank_summary, write_rank_summary
 from experiments.common import output_dir, print_table, style
-from harness.compose import CONF, compose
+from harness.app.compose import CONF, compose
 
 #: small models whose step takes 10-100 ms on one core: name -> overrides of python -m harness
 MODELS: dict[str, list[str]] = {
@@ -106,7 +106,7 @@ def _comm_summary(c: Any) -> str:
 def profile_model_once(src: Any, profile_root: Path, kind: str, reps: int, warmup: int, mode: str) -> pd.DataFrame:
     """Profile one model at B and B/2 on this CPU at one thread, file it under cpu2's device
     kind in ``profile_root`` and return it."""
-    from harness.profile import profile_model
+    from harness.app.profile import profile_model
     from harness.core.profiled import profile_dir_for
 
     B = int(src.batch_size)
@@ -124,7 +124,7 @@ def median_profile(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def _check_kind(kind: str) -> None:
-    from harness.core.timing import device_name
+    from harness.core.machine import device_name
 
     here = device_name("cpu", 1)
     if here != kind:
@@ -153,7 +153,7 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
     with ``interleave``, also simulated with the profile the ranks took between the measured
     steps (``sim.interleave_profile``)."""
     from harness.core.costs import AnalyticalCostModel
-    from harness.run import run
+    from harness.app.run import run
     from simulators.realrun import RealRunError
     from simulators.simulate import simulate
 
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-dir", default=None, help="profile root (default <out>/profiles; results/profiles with --profile-mode isolated)")
     ap.add_argument("--no-profile", action="store_true", help="reuse the profiles already in the profile root")
     ap.add_argument("--profile-mode", default="in_situ", choices=["isolated", "in_situ"],
-                    help="in_situ (default): every op inside whole steps; isolated: each distinct op alone (harness.profile's default)")
+                    help="in_situ (default): every op inside whole steps; isolated: each distinct op alone (harness.app.profile's default)")
     ap.add_argument("--no-interleave", action="store_true", help="do not profile during the real runs (sim.interleave_profile=false)")
     ap.add_argument("--summarize-only", action="store_true",
                     help=f"measure nothing: recompute the per-model rank summary from <out>/sim_accuracy.csv into <out>/{RANKS_CSV} "
@@ -369,9 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     kind = cpu2.devices[0].spec.kind
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
-    from harness.profile import write_profile
+    from harness.app.profile import write_profile
     from harness.core.profiled import profile_dir_for
-    from harness.run import build
+    from harness.app.run import build
 
     if not a.no_profile:
         _check_kind(kind)
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         if frames:
             write_profile(median_profile(frames), profile_dir_for(kind, root))
     df = pd.DataFrame([combine_runs(rs) for rs in runs.values()])
-    from harness.core.timing import cpu_model
+    from harness.core.machine import cpu_model
 
     cmd = "python -m experiments sim_accuracy" + (" --quick" if a.quick else "") + (f" --profile-mode {a.profile_mode}" if a.profile_mode != "in_situ" else "")
     meta = {"cpu": cpu_model(), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup, "load_before": load_before, "mode": a.profile_mode,

@@ -1,7 +1,7 @@
-"""``python -m harness``: the Hydra shell around :func:`harness.run.run`.
+"""``python -m harness``: the Hydra shell around :func:`harness.app.run.run`.
 
 Every job runs in a process of its own and writes into its own directory (see
-:mod:`harness.jobs`): ``result.json`` last, or ``error.json`` if it failed.  In a sweep
+:mod:`harness.app.jobs`): ``result.json`` last, or ``error.json`` if it failed.  In a sweep
 (``-m``), a job whose config hash already has a ``result.json`` anywhere under the sweep dir
 is skipped (re-run a sweep with the same ``hydra.sweep.dir`` to resume it; ``resume=false``
 forces every job), a failed job lets the others run, and the sweep ends with ``N ok, M
@@ -20,12 +20,12 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness.jobs import JobFailed, JobOutcome, describe, run_job
+from harness.app.jobs import JobFailed, JobOutcome, describe, run_job
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> JobOutcome:
-    """One job (:func:`harness.jobs.run_job`)."""
+    """One job (:func:`harness.app.jobs.run_job`)."""
     return run_job(cfg)
 
 

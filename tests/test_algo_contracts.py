@@ -66,8 +66,8 @@ def test_a_misspelt_parameter_is_refused(path):
 
 
 def test_the_job_refuses_a_misspelt_parameter():
-    from harness.compose import compose
-    from harness.run import build
+    from harness.app.compose import compose
+    from harness.app.run import build
 
     with pytest.raises(Exception, match="slott"):
         build(compose(["algo=fddps", "model=lenet5", "+algo.slott=idle"]))

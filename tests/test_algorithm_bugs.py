@@ -71,8 +71,8 @@ def test_celeritas_and_order_place_plan_a_renumbered_graph(tiny_graph):
 
 
 def test_a_graph_file_with_unordered_ids_runs_celeritas_and_order_place(tmp_path, tiny_graph):
-    from harness.compose import compose
-    from harness.run import run
+    from harness.app.compose import compose
+    from harness.app.run import run
 
     path = tmp_path / "tiny_shuffled.json"
     shuffled(tiny_graph, seed=1).save(path)
@@ -138,8 +138,8 @@ def test_celeritas_memory_and_objective_are_those_of_the_colocated_placement(adj
 
 @pytest.mark.slow
 def test_celeritas_with_gradients_colocated_on_resnet50_keeps_memory_and_objective():
-    from harness.compose import compose
-    from harness.run import build
+    from harness.app.compose import compose
+    from harness.app.run import build
 
     cfg = compose(["model=resnet50", "model.batch_size=256", "cluster=v100x4_pcie", "graph.colocate_gradients=true"])
     src, cl, costs, _, _ = build(cfg)
@@ -217,8 +217,8 @@ def test_mcmc_start_differs_from_the_simulator_only_by_the_overlapped_sync():
 def test_mcmc_start_on_alexnet_p100x4_is_the_issue_figure():
     """The issue's case (costs=analytical): Eq. 1 61.8 ms, simulated 42.7 ms; t_C is the
     simulator's compute (42.6 ms) and all but 0.1 ms of the 19.2 ms of all-reduces overlap."""
-    from harness.compose import compose
-    from harness.run import build
+    from harness.app.compose import compose
+    from harness.app.run import build
 
     cfg = compose(["model=alexnet", "cluster=p100x4", "costs=analytical", "algo=flexflow_mcmc"])
     src, cl, costs, _, _ = build(cfg)
@@ -234,8 +234,8 @@ def test_tables_under_calibrated_costs_cost_every_configuration_by_the_kernel_fi
     configurations of a layer in one call (``nodes`` repeats the layer), and every entry must
     get the calibrated time (once only the last did: on the DP start of vgg16 over p100x4, Eq. 1
     said 160.9 ms and the simulator 291.4 ms, three of four shards costed by the roofline)."""
-    from harness.compose import compose
-    from harness.run import build
+    from harness.app.compose import compose
+    from harness.app.run import build
     from tests.layer_cases import random_dag
 
     _, cl, costs, _, _ = build(compose(["cluster=p100x4", "costs=calibrated"]))

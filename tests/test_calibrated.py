@@ -23,17 +23,17 @@ import pytest
 import torch
 from torch import nn
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.calibrated import CalibratedCostModel, CalibrationError
 from harness.core.capture import TensorSpec, capture
 from harness.core.costs import AnalyticalCostModel
 from harness.core.graph import OpGraph
-from harness.kernel_fit import GPU_DATA, Samples, allreduce_fit, fit_all, fit_model, load_samples, split_indices
+from harness.app.kernel_fit import GPU_DATA, Samples, allreduce_fit, fit_all, fit_model, load_samples, split_indices
 from harness.core.kernel_model import (CONV_FLAGS, KNOTS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, TABLE_FORMAT, FitError,
                                   KernelModel, conv_flags, load_table, monotone_curve)
 from harness.core.kernels import CONV_FWD, GEMM, MEM, NCOLS, KernelTable
 from harness.core.precision import BF16, FP16, FP32, TF32
-from harness.run import build
+from harness.app.run import build
 
 ZOO: dict[str, list[str]] = {
     "lenet5": ["model=lenet5", "model.batch_size=8"],

@@ -245,8 +245,8 @@ def test_linear_fit_and_default_batches():
 
 
 def test_standard_evaluation_predicts_the_large_batch():
-    from harness.compose import compose
-    from harness.run import build
+    from harness.app.compose import compose
+    from harness.app.run import build
 
     cfg = compose(["model=lenet5", "model.batch_size=16", "cluster=p100x4"])
     src, cl, costs, _, _ = build(cfg)

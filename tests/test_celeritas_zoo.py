@@ -18,8 +18,8 @@ from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT
 from algorithms.metis_place import Metis
 from experiments.common import zoo_models
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 from simulators.simulate import simulate
 
 ALGOS = {

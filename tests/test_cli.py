@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from experiments.common import needs_input
-from harness.run import CONTRACT_KEYS
+from harness.app.run import CONTRACT_KEYS
 from tests.helpers import run_harness
 
 REPO = Path(__file__).resolve().parents[1]

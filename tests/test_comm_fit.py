@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from experiments import comm_fit
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.costs import AnalyticalCostModel
 from harness.core.strategy import Strategy
 from tests.helpers import make_graph

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.cluster import ClusterError, build_cluster
 from harness.core.costs import AnalyticalCostModel, node_memory, op_class
 from harness.core.graph import GraphError, OpGraph, topological_order
-from harness.run import build
+from harness.app.run import build
 from harness.core.strategy import ParallelConfig, Strategy, StrategyError
 from tests.helpers import DEVICE, make_cluster, make_graph
 

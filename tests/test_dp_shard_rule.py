@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 from experiments.common import zoo_models
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.graph import BATCHED, PARTIAL, REPLICATED, UPDATE, OpGraph
-from harness.run import run
+from harness.app.run import run
 from harness.core.strategy import ParallelConfig, Strategy
 from simulators.simulate import simulate
 from simulators.shards import make_shards

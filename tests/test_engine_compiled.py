@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.costs import AnalyticalCostModel
 from harness.core.strategy import Strategy
-from harness.run import build
+from harness.app.run import build
 from simulators import engine
 from simulators.simulate import simulate
 from simulators.taskgraph import build_taskgraph

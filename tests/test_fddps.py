@@ -14,9 +14,9 @@ from algorithms.sched.schedgraph import SchedGraph, comm_fn, route_tables
 from algorithms.sched.timeline import GapIndex, Timeline
 from harness.core.cluster import Cluster, Device, DeviceSpec, Link
 from harness.core.costs import AnalyticalCostModel
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.graph import BATCHED, PARTIAL
-from harness.run import build
+from harness.app.run import build
 from simulators.simulate import simulate
 from tests.helpers import make_cluster, make_graph
 from tests.fddps_reference import FullRecomputeScheduler, VerifiedScheduler, partial_schedule_levels

@@ -17,8 +17,8 @@ from algorithms.heft import HEFT
 from algorithms.mp_dps import MPDPS
 from algorithms.sched.schedgraph import SchedGraph
 from experiments.common import zoo_models
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 from simulators.simulate import simulate
 
 ALGOS = {

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.cluster import Cluster, ClusterError, build_cluster, device_spec
-from harness.run import build
+from harness.app.run import build
 
 DEVICE = {"kind": "test", "peak_tflops": 1.0, "mem_bw_GBps": 100.0, "mem_GiB": 16}
 CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster"

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core import graph_cache
 from harness.core.graph_cache import cached, entry_key
-from harness.run import build
+from harness.app.run import build
 from tests.helpers import run_harness
 
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.capture import CaptureError
 from harness.core import hf
 from harness.core.graph import BACKWARD, FORWARD, UPDATE
 from harness.core.models import ModelConfigError
-from harness.run import build
+from harness.app.run import build
 from tests.helpers import REPO, refused, run_harness
 
 #: a one-layer GPT-2, 32 wide, 100 tokens, 16 per sample, batch 4

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.cluster import ClusterError, build_cluster
 from harness.core.costs import AnalyticalCostModel
 from harness.core.strategy import ParallelConfig, Strategy

@@ -2,7 +2,7 @@
 cost-model, graph-file or strategy input is a :class:`harness.core.errors.UserError` raised when the
 job is built (before anything is captured or simulated), whose one-line message names the
 culprit (the config key as the user types it, the file and JSON position, the node, edge or
-array) - tested mostly on ``harness.run.build`` and the constructors, and for a few cases
+array) - tested mostly on ``harness.app.run.build`` and the constructors, and for a few cases
 through ``python -m harness`` as a user runs it.
 
 Hydra wraps an exception raised by a ``_target_`` in its ``InstantiationException``; the
@@ -25,7 +25,7 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.calibrated import CalibrationError, CalibratedCostModel
 from harness.core.capture import CaptureError
 from harness.core.cluster import ClusterError, build_cluster, device_spec
@@ -36,9 +36,9 @@ from harness.core.models import GraphFile, ModelConfigError, SyntheticGraph, Tor
 from harness.core.pase_costs import PaseCostModel
 from harness.core.errors import ProfileError
 from harness.core.profiled import ProfiledCostModel
-from harness.run import build
+from harness.app.run import build
 from harness.core.strategy import ParallelConfig, Strategy, StrategyError
-from tests.helpers import DEVICE, make_cluster, make_graph, refused, user_error
+from tests.helpers import DEVICE, make_cluster, make_graph, refused
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml") if p.stem != "from_file")  # from_file: below
@@ -46,7 +46,7 @@ INTRA = {"topology": "mesh", "cls": "nvlink", "bw_GBps": 10.0, "lat_us": 5.0}
 
 
 def built(*overrides: str) -> Any:
-    """``harness.run.build`` of the composed config: (source, cluster, costs, algo, sim)."""
+    """``harness.app.run.build`` of the composed config: (source, cluster, costs, algo, sim)."""
     return build(compose(list(overrides)))
 
 
@@ -468,7 +468,6 @@ def test_the_command_line_refuses_and_writes_no_result(tmp_path: Path, overrides
     (["algo=data_parallel", "algo.devices=0"], "algo.devices"),
 ])
 def test_baseline_device_parameters_are_checked(over, needle):
-    from harness.core.errors import UserError
 
     with pytest.raises(Exception) as e:
         build(compose(["model=lenet5", "cluster=p100x4", *over]))
@@ -477,7 +476,7 @@ def test_baseline_device_parameters_are_checked(over, needle):
 
 
 def test_data_parallel_over_more_devices_than_the_cluster_has():
-    from harness.run import run
+    from harness.app.run import run
     from harness.core.strategy import StrategyError
 
     with pytest.raises(StrategyError, match="algo.devices=8 is more than the 4 devices"):
@@ -485,9 +484,8 @@ def test_data_parallel_over_more_devices_than_the_cluster_has():
 
 
 def test_a_layer_graph_algorithm_on_a_graph_file_is_one_line(tmp_path):
-    from harness.core.errors import UserError
     from harness.core.models import SyntheticGraph
-    from harness.run import run
+    from harness.app.run import run
 
     p = tmp_path / "g.json"
     SyntheticGraph(nodes=20, seed=1).op_graph().save(p)
@@ -498,7 +496,7 @@ def test_a_layer_graph_algorithm_on_a_graph_file_is_one_line(tmp_path):
 @pytest.mark.parametrize("threads", [0, 10_000])
 def test_thread_counts_are_checked(threads):
     from harness.core.errors import ProfileError
-    from harness.core.timing import thread_count
+    from harness.core.machine import thread_count
 
     with pytest.raises(ProfileError, match=r"^threads"):
         thread_count(threads, "threads")

@@ -22,9 +22,9 @@ import pytest
 
 from experiments import common
 from experiments.__main__ import names as experiment_names
-from harness.compose import compose
-from harness.jobs import fresh_dir, overrides_digest
-from harness.run import NON_RESULT_KEYS, config_hash, write_outputs
+from harness.app.compose import compose
+from harness.app.jobs import fresh_dir, overrides_digest
+from harness.app.run import NON_RESULT_KEYS, config_hash, write_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = ("output.gantt=false", "output.trace=false", "output.quiet=true")

@@ -22,7 +22,7 @@ from torch import nn
 
 from algorithms.celeritas import Celeritas
 from algorithms.opsplit import split_dim_of, split_graph
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.capture import TensorSpec, capture
 from harness.core.graph_rewrites import coarsen_runs
 from harness.core.graph import BATCHED, FORWARD, PARTIAL, GraphError, OpGraph
@@ -30,7 +30,7 @@ from harness.core.kernels import (
     CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, EXTRA_READS, GEMM, MEM, NCOLS, KernelError, KernelTable, is_rnn_layer,
 )
 from harness.core.precision import BF16, FP16, FP32, TF32
-from harness.run import build
+from harness.app.run import build
 
 ZOO: dict[str, list[str]] = {
     "lenet5": ["model=lenet5", "model.batch_size=8"],
@@ -419,7 +419,7 @@ def test_fddps_split_carries_the_kernels(zoo: dict[str, OpGraph]) -> None:
 
 
 def test_fddps_algorithm_keeps_kernel_flops() -> None:
-    from harness.run import run
+    from harness.app.run import run
 
     cfg = compose(ZOO["alexnet"] + ["algo=fddps", "cluster=dgx1_v100", "algo.min_time_ms=0.05", "output.trace=false",
                                     "output.gantt=false"])

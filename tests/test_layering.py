@@ -109,3 +109,19 @@ def test_tests_share_helpers_through_helper_modules():
             if target.startswith("tests.") and (leaf.startswith("test_") or leaf == "conftest"):
                 bad.append(f"{path.relative_to(REPO)}:{line} imports {target}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or around a loop, not even inside a function
+    (an import put inside a function to dodge a cycle keeps the cycle)."""
+    import networkx as nx
+
+    mods = modules(*PACKAGES)
+    g = nx.DiGraph()
+    for mod, path in mods.items():
+        for _, target, names in imports(path):
+            for t in (target, *(f"{target}.{n}" for n in names)):
+                if t in mods and t != mod:
+                    g.add_edge(mod, t)
+    cycles = [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]
+    assert not cycles, cycles

@@ -29,8 +29,8 @@ from algorithms.m_etf import METF
 from algorithms.m_sct import MSCT
 from algorithms.m_topo import MTopo
 from algorithms.metis_place import Metis
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 from simulators.simulate import simulate
 
 # algorithm -> (simulated OOM, used the best-effort fallback, reported OOM during placement)

@@ -397,8 +397,8 @@ def test_math_peak_and_node_peaks() -> None:
 # ---------------------------------------------------------------------------- graph sources
 @pytest.fixture(scope="module")
 def lenet_source() -> Any:
-    from harness.compose import compose
-    from harness.run import build
+    from harness.app.compose import compose
+    from harness.app.run import build
 
     cfg = compose(["model=lenet5", "model.batch_size=8"])
     return build(cfg)[0]
@@ -435,8 +435,8 @@ def test_synthetic_and_file_sources_refuse_other_precisions(tmp_path: Path, grap
 
 
 def test_precision_config_key_reaches_the_capture() -> None:
-    from harness.compose import compose
-    from harness.run import build, config_hash
+    from harness.app.compose import compose
+    from harness.app.run import build, config_hash
 
     base = ["model=lenet5", "model.batch_size=8", "algo=single_device"]
     c32, c16 = compose(base), compose(base + ["precision=amp_fp16"])
@@ -448,8 +448,8 @@ def test_precision_config_key_reaches_the_capture() -> None:
 
 
 def test_cli_runs_an_amp_job_end_to_end(tmp_path: Path) -> None:
-    from harness.compose import compose
-    from harness.run import config_hash
+    from harness.app.compose import compose
+    from harness.app.run import config_hash
 
     overrides = ["model=lenet5", "algo=single_device", "precision=amp_fp16"]
     out = tmp_path / "job"

@@ -17,11 +17,12 @@ from torch import nn
 
 from harness.core.cluster import build_cluster
 from harness.core.costs import AnalyticalCostModel
-from harness.core.execgraph import ExecGraph, graph_fingerprint, initial_state
+from harness.core.fingerprint import graph_fingerprint
+from simulators.realrun.execgraph import ExecGraph, initial_state
 from harness.core.models import TorchModel
-from harness.profile import COLUMNS, profile_model, signature
+from harness.app.profile import COLUMNS, profile_model, signature
 from harness.core.profiled import slug
-from harness.core.timing import device_name
+from harness.core.machine import device_name
 from harness.core.profiled import ProfiledCostModel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,7 +103,7 @@ def test_mutating_ops_are_timed_on_copies():
     ph = initial_state(src, eg, 0)
     j = next(k for k, p in enumerate(eg.placeholders) if p.name.endswith("num_batches_tracked"))
     before = int(ph[j])
-    from harness.profile import profile_graph
+    from harness.app.profile import profile_graph
 
     profile_graph(eg, ph, torch.device("cpu"), warmup=2, reps=3, max_op_s=1.0, bar=None)
     assert int(ph[j]) == before + 1
@@ -165,8 +166,8 @@ def test_free_ops_zero_and_layer_granularity(tmp_path):
 
 
 def test_profiled_costs_plug_into_the_config(profiled):
-    from harness.compose import compose
-    from harness.run import build
+    from harness.app.compose import compose
+    from harness.app.run import build
 
     out, _ = profiled
     cfg = compose(["costs=profiled", f"costs.profile_dir={out.parent}", "cluster=cpu2", "model=lenet5"])
@@ -189,7 +190,7 @@ def test_send_after_gap_fit_recovers_a_saturating_cost():
     sweep gives no cold part."""
     import math
 
-    from harness.link_probes import SEND_GAPS, fit_send_gap
+    from harness.app.link_probes import SEND_GAPS, fit_send_gap
 
     curve = {str(g): [30e-6 + 200e-6 * (1 - math.exp(-g / 2e-3)) + d for d in (-1e-6, 0.0, 1e-6)] for g in SEND_GAPS}
     hot, cold, tau = fit_send_gap(curve)
@@ -201,7 +202,7 @@ def test_send_after_gap_fit_recovers_a_saturating_cost():
 def test_calibration_yaml_builds_a_cluster():
     from hydra.utils import instantiate
 
-    from harness.calibrate import cluster_yaml, device_yaml, gemm_flops
+    from harness.app.calibrate import cluster_yaml, device_yaml, gemm_flops
 
     assert gemm_flops(1, n=64, reps=2) > 0
     dev = yaml.safe_load(device_yaml(KIND, 5e10, 5e9, 4.0, 1, "today"))
@@ -231,7 +232,7 @@ def test_calibration_yaml_builds_a_cluster():
     text = cluster_yaml({**link, "msg_cpu_samples_s": [5e-5, 1e-4, 8e-5]}, 1, "today")
     assert "(median of 3 samples spread over the calibration, 50-100 us)" in text
     # the committed cpu2 preset composes
-    from harness.compose import compose
+    from harness.app.compose import compose
 
     cfg = compose(["cluster=cpu2"])
     assert instantiate(cfg.cluster, _convert_="all").num_devices == 2
@@ -246,7 +247,7 @@ def test_in_situ_mode_times_every_node_inside_whole_steps(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
 def test_idle_spinners_run_at_idle_priority_on_their_cores_and_stop():
-    from harness.core.timing import IdleSpinners
+    from simulators.realrun.timing import IdleSpinners
 
     core = sorted(os.sched_getaffinity(0))[0]
     with IdleSpinners([core, core]) as sp:
@@ -263,7 +264,7 @@ def test_idle_spinners_run_at_idle_priority_on_their_cores_and_stop():
 
 _FAULTS = """
 import resource, sys, torch
-from harness.core.timing import steady_malloc
+from simulators.realrun.timing import steady_malloc
 applied = steady_malloc() if sys.argv[1] == "steady" else False
 x = torch.randn(300_000)  # 1.2 MB: three of them freed together leave the heap's top above glibc's trim threshold
 flt = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -303,7 +304,7 @@ def test_cpu_profiles_record_the_allocator_setting(tmp_path):
     assert (pd.read_parquet(files[0])["malloc"] == "default").all()
     files = profile_model(tiny(), batch_sizes=[4], warmup=1, reps=2, out_dir=tmp_path, progress=False)
     df = pd.read_parquet(files[0])
-    from harness.core.timing import steady_malloc
+    from simulators.realrun.timing import steady_malloc
 
     assert set(df["malloc"]) == {"steady" if steady_malloc() else "default"} and "malloc" in COLUMNS
     assert set(df["batch_size"]) == {4} and df["node"].is_unique  # another environment: replaced, not merged
@@ -321,8 +322,8 @@ class _SlowRelease:
 
 def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatch):
     """A real run's rank frees a tensor right after its last reader: in situ, that reader pays it."""
-    import harness.core.timing as ht
-    from harness.core.execgraph import resolve
+    import simulators.realrun.timing as ht
+    from simulators.realrun.execgraph import resolve
 
     src = tiny(batch=4)
     eg = ExecGraph.from_graph(src.op_graph(keep_fx=True))
@@ -360,7 +361,7 @@ def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatc
 
 
 def test_drift_reports_windows_and_their_spread():
-    from harness.calibrate import drift
+    from harness.app.calibrate import drift
 
     before = os.sched_getaffinity(0)
     d = drift(seconds=0.6, window_s=0.2, spin=False)

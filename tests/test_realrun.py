@@ -38,9 +38,9 @@ import pytest
 import torch
 
 from experiments.common import needs_input
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.graph import OpGraph
-from harness.run import build
+from harness.app.run import build
 from harness.core.strategy import ParallelConfig, Strategy
 from simulators.realrun import RealRun, RealRunError, launch_many, reference_outputs
 
@@ -489,8 +489,8 @@ def test_trace_records_every_op_send_and_wait(fast_cases, model):
 
 
 def test_run_adds_the_measured_step_time(tmp_path):
-    """harness.run with sim=realrun: the event simulator's step_time_s and the measured one."""
-    from harness.run import format_summary, run, write_outputs
+    """harness.app.run with sim=realrun: the event simulator's step_time_s and the measured one."""
+    from harness.app.run import format_summary, run, write_outputs
 
     (tmp_path / "none").mkdir()  # a profile directory without profiles: every op falls back
     cfg = compose([*MODELS["lenet5"][0], "algo=m_topo", "cluster=cpu2", "sim=realrun", "sim.warmup=1", "sim.steps=3",
@@ -549,7 +549,7 @@ def test_receives_are_posted_early_on_gloo_only():
         sim.backend = backend
         job = sim.prepare(plan.graph, plan.strategy, cluster.num_devices)
         assert job.backend == backend and all(("def post(" in p.code) == early and "_irecv(" in p.code for p in job.programs)
-    # CPU ranks keep the memory they free (harness.core.timing.steady_malloc), unless told not to
+    # CPU ranks keep the memory they free (simulators.realrun.timing.steady_malloc), unless told not to
     assert job.device == "cpu" and job.steady_malloc
     sim.steady_malloc = False
     assert not sim.prepare(plan.graph, plan.strategy, cluster.num_devices).steady_malloc
@@ -560,8 +560,8 @@ def test_a_script_without_a_main_guard_is_told_why_its_ranks_died(tmp_path):
     rank start ranks of its own, which fails; the error says so instead of only an exit code."""
     script = tmp_path / "noguard.py"
     script.write_text(
-        "from harness.compose import compose\n"
-        "from harness.run import run\n"
+        "from harness.app.compose import compose\n"
+        "from harness.app.run import run\n"
         f"run(compose({[*MODELS['lenet5'][0], 'algo=single_device', 'cluster=cpu2', 'sim=realrun', 'sim.warmup=0', 'sim.steps=1', 'output.gantt=false']!r}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

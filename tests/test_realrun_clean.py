@@ -30,9 +30,9 @@ import pytest
 import torch
 from torch import nn
 
-from harness.compose import compose
-from harness.core.execgraph import TensorMeta
-from harness.run import build
+from harness.app.compose import compose
+from simulators.realrun.execgraph import TensorMeta
+from harness.app.run import build
 from simulators.realrun import (BOARD_SLOTS, P_BARRIER, P_COLLECTIVE, P_DONE, P_RECV, P_RENDEZVOUS, P_SETUP, P_START, P_STEP, Job,
                                 RealRun, RealRunError, launch, stall_message)
 
@@ -382,8 +382,8 @@ def _interrupt_when_running(cmd: list[str], tmp: Path, sig: int, group: bool) ->
 
 DRIVER = """
 import sys
-from harness.compose import compose
-from harness.run import run
+from harness.app.compose import compose
+from harness.app.run import run
 if __name__ == "__main__":
     run(compose(sys.argv[1:]))
 """
@@ -452,7 +452,7 @@ def test_a_gpu_cluster_is_not_measured_without_its_gpus(monkeypatch):
     """p100x4's plan on this machine: refused, naming the device and the ways out; forced, it runs."""
     if torch.cuda.device_count() >= 4:
         pytest.skip("this machine has the cluster's GPUs")
-    from harness.run import run
+    from harness.app.run import run
 
     cfg = compose(["model=lenet5", "model.batch_size=8", "algo=round_robin", "cluster=p100x4", "sim=realrun", "output.gantt=false"])
     with pytest.raises(RealRunError) as e:

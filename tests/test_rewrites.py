@@ -35,7 +35,7 @@ ALGOS = sorted(p.stem for p in (REPO / "conf" / "algo").glob("*.yaml") if not ne
 
 
 def _algo(name: str):
-    from harness.compose import compose
+    from harness.app.compose import compose
 
     cfg = compose([f"algo={name}"])
     over = {"min_time_ms": 0.0} if "min_time_ms" in cfg.algo else {}

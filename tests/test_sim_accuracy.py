@@ -66,7 +66,7 @@ def test_busy_model_switches_only_the_receive_model():
     cluster without a calibrated recv_idle_us; a receive that waited then costs recv_idle_us."""
     from hydra.utils import instantiate
 
-    from harness.compose import compose
+    from harness.app.compose import compose
 
     cpu2 = instantiate(compose(["cluster=cpu2"]).cluster, _convert_="all")
     busy = sim_accuracy.busy_model(cpu2)

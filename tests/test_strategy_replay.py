@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.errors import UserError
 from harness.core.strategy import PLAN_GRAPH_FILE, STRATEGY_FORMAT
-from harness.run import run, write_plan
+from harness.app.run import run, write_plan
 
 BASE = ["model=lenet5", "cluster=p100x4", "output.worth=false"]
 SUMMARY = ("step_time_s", "lower_bound_s", "comm_bytes", "peak_memory_bytes", "device_busy_s", "oom")

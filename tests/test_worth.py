@@ -1,4 +1,4 @@
-"""What a plan is worth (harness.worth): its step beside one device's and data parallelism's."""
+"""What a plan is worth (harness.app.worth): its step beside one device's and data parallelism's."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from harness.compose import compose
+from harness.app.compose import compose
 from harness import worth as W
-from harness.run import format_summary, run
+from harness.app.run import format_summary, run
 
 BASE = ["model=lenet5", "cluster=p100x4", "output.gantt=false", "output.trace=false"]
 
@@ -47,7 +47,7 @@ def test_a_plan_slower_than_one_device_is_flagged():
 
 
 def W_lines(row):
-    from harness.run import worth_lines
+    from harness.app.run import worth_lines
 
     return worth_lines(row)
 

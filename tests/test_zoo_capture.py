@@ -8,9 +8,9 @@ import torch
 
 from algorithms.m_topo import MTopo
 from experiments.common import zoo_models
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.graph import BACKWARD, BATCHED, FORWARD, PARTIAL, UPDATE
-from harness.run import build
+from harness.app.run import build
 from simulators.simulate import simulate
 
 

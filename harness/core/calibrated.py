@@ -1,7 +1,7 @@
 """The calibrated cost model (``costs=calibrated``, the default): kernel times fitted to real GPUs.
 
 Every kernel of a node (:class:`harness.core.kernels.KernelTable`) is costed by the model
-:mod:`harness.kernel_fit` fitted to DeepBench's measurements for its class (GEMM, the three
+:mod:`harness.app.kernel_fit` fitted to DeepBench's measurements for its class (GEMM, the three
 convolution passes, recurrent-cell GEMMs), device and precision, and a node takes the sum of
 its kernels.  Which fit a device uses is configured per device kind (``conf/costs/calibrated.yaml``):
 
@@ -26,7 +26,7 @@ data, FP32 math) at the FP32 peak, and BF16 on a V100 runs at FP32 speed.
 Memory-bound kernels (DeepBench has none) keep the roofline's reading: ``launch + bytes /
 (mem_efficiency x bandwidth)``, with the bytes of multi-pass kernels (batch norm, softmax,
 layer norm) counted per pass.  All-reduce: NCCL's ring fitted to DeepBench's measured
-all-reduces (:func:`harness.kernel_fit.allreduce_fit`), ``2(p-1) alpha + 2(p-1)/p bytes /
+all-reduces (:func:`harness.app.kernel_fit.allreduce_fit`), ``2(p-1) alpha + 2(p-1)/p bytes /
 (eta B)`` with ``B`` the cluster's ring bandwidth (:meth:`harness.core.cluster.Cluster.ring_bandwidth`)
 and ``alpha``, ``eta`` of the measured group size nearest below (one host) or of the
 two-host fit (several hosts): extrapolated on every cluster but DeepBench's own.

@@ -28,78 +28,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.errors import UserError
+from harness.core.checks import integer, non_negative_number, positive_int, positive_number
+from harness.core.errors import ClusterError
+from harness.core.topology import Link, LinkBuilder, intra_routes, link_bandwidth, link_latency
 
 GIB = 2**30
-
-
-class ClusterError(UserError, ValueError):
-    """A cluster description is invalid (no devices, unknown topology, missing bandwidth)."""
-
-
-# ---------------------------------------------------------------------------- value checks
-def _finite(value: Any, key: str, rule: str, error: type[UserError]) -> float:
-    """``value`` as a float, or ``error`` naming ``key`` when it is not a finite number."""
-    try:
-        x = math.nan if isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        x = math.nan
-    if not math.isfinite(x):
-        raise error(f"{key} must be a finite number {rule}, got {value!r}")
-    return x
-
-
-def positive_number(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
-    """``value`` as a float > 0 (a bandwidth, a peak, a memory size), else ``error`` naming ``key``."""
-    x = _finite(value, key, "> 0", error)
-    if x <= 0:
-        raise error(f"{key} must be > 0, got {value!r}")
-    return x
-
-
-def non_negative_number(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
-    """``value`` as a float >= 0 (a latency, a launch overhead), else ``error`` naming ``key``."""
-    x = _finite(value, key, ">= 0", error)
-    if x < 0:
-        raise error(f"{key} must be >= 0, got {value!r}")
-    return x
-
-
-def unit_fraction(value: Any, key: str, error: type[UserError] = ClusterError) -> float:
-    """``value`` as a float in (0, 1] (an efficiency), else ``error`` naming ``key``."""
-    x = _finite(value, key, "in (0, 1]", error)
-    if not 0 < x <= 1:
-        raise error(f"{key} must be in (0, 1], got {value!r}")
-    return x
-
-
-def _as_int(value: Any) -> int | None:
-    """``value`` as an int when it is one (an integral float or a numeric string too), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return int(x) if math.isfinite(x) and x.is_integer() else None
-
-
-def integer(value: Any, key: str, error: type[UserError] = ClusterError) -> int:
-    """``value`` as an int (2.5, ``None`` or ``"abc"`` are refused), else ``error`` naming ``key``."""
-    n = _as_int(value)
-    if n is None:
-        raise error(f"{key} must be an integer, got {value!r}")
-    return n
-
-
-def positive_int(value: Any, key: str, error: type[UserError] = ClusterError) -> int:
-    """``value`` as an int >= 1 (a count: GPUs, nodes, a batch size), else ``error`` naming ``key``."""
-    n = _as_int(value)
-    if n is None or n < 1:
-        raise error(f"{key} must be an integer >= 1, got {value!r}")
-    return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +56,6 @@ class Device:
     name: str  # e.g. "n0/gpu2"
     spec: DeviceSpec
     host: int
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A directional link.  ``cls`` is the link class used when reporting bytes moved."""
-
-    id: int
-    name: str
-    cls: str
-    bw: float  # bytes/s
-    lat: float  # s
 
 
 @dataclass(eq=False)
@@ -266,13 +188,13 @@ def _peaks(peaks: Any, key: str) -> dict[str, float]:
     """FLOP/s per math mode from ``peak_tflops`` (one number: the FP32 peak; or a mapping by
     :data:`PEAK_KEYS` with a ``float32`` entry), each > 0."""
     if not isinstance(peaks, Mapping):
-        return {"float32": positive_number(peaks, key) * 1e12}
+        return {"float32": positive_number(peaks, key, ClusterError) * 1e12}
     unknown = [str(k) for k in peaks if str(k) not in PEAK_KEYS]
     if unknown:
         raise ClusterError(f"{key}.{unknown[0]} is not a math mode: peak_tflops takes {', '.join(PEAK_KEYS)}")
     if "float32" not in peaks:
         raise ClusterError(f"{key}.float32 is missing: every device needs its FP32 peak (the fallback of the other modes)")
-    return {str(k): positive_number(v, f"{key}.{k}") * 1e12 for k, v in dict(peaks).items()}
+    return {str(k): positive_number(v, f"{key}.{k}", ClusterError) * 1e12 for k, v in dict(peaks).items()}
 
 
 def device_spec(spec: Mapping[str, Any], key: str = "cluster.device") -> DeviceSpec:
@@ -285,8 +207,8 @@ def device_spec(spec: Mapping[str, Any], key: str = "cluster.device") -> DeviceS
     if missing:
         raise ClusterError(f"{key} is missing {missing[0]!r}: a device needs {', '.join(DEVICE_KEYS)}")
     return DeviceSpec(str(spec["kind"]), _peaks(spec["peak_tflops"], f"{key}.peak_tflops"),
-                      positive_number(spec["mem_bw_GBps"], f"{key}.mem_bw_GBps") * 1e9,
-                      int(positive_number(spec["mem_GiB"], f"{key}.mem_GiB") * GIB))
+                      positive_number(spec["mem_bw_GBps"], f"{key}.mem_bw_GBps", ClusterError) * 1e9,
+                      int(positive_number(spec["mem_GiB"], f"{key}.mem_GiB", ClusterError) * GIB))
 
 
 def build_cluster(
@@ -313,9 +235,8 @@ def build_cluster(
     message costs a CPU rank's core (see :func:`simulators.taskgraph.build_taskgraph`).  Any
     other key, and any figure out of range, is a :class:`ClusterError` naming it.
     """
-    from harness.core.topology import LinkBuilder, intra_routes, link_bandwidth, link_latency  # it reads this module's names
 
-    gpus, nodes = positive_int(gpus, "cluster.gpus"), positive_int(nodes, "cluster.nodes")
+    gpus, nodes = positive_int(gpus, "cluster.gpus", ClusterError), positive_int(nodes, "cluster.nodes", ClusterError)
     _check_meta(meta)
     spec = device_spec(device)
     intra = dict(intra or {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0})
@@ -335,7 +256,7 @@ def build_cluster(
         nic_bw = link_bandwidth(inter, "inter")
         nic_lat = link_latency(inter, 2.0, "inter")
         icls = str(inter.get("cls", "ib"))
-        nics = integer(inter.get("nics_per_node", 1), "cluster.inter.nics_per_node")
+        nics = integer(inter.get("nics_per_node", 1), "cluster.inter.nics_per_node", ClusterError)
         if not 1 <= nics <= gpus:
             raise ClusterError(f"cluster.inter.nics_per_node: {nics} must be between 1 and gpus ({gpus})")
         nic_of = [(dev.id % gpus) * nics // gpus for dev in devices]
@@ -395,9 +316,9 @@ def _check_figures(block: Any, key: str, rules: Mapping[str, str], required: Seq
     for k, v in block.items():
         rule = rules[k]
         if rule == "> 0":
-            positive_number(v, f"{key}.{k}")
+            positive_number(v, f"{key}.{k}", ClusterError)
         elif rule == ">= 0":
-            non_negative_number(v, f"{key}.{k}")
+            non_negative_number(v, f"{key}.{k}", ClusterError)
         elif v not in rule.split(" | "):
             raise ClusterError(f"{key}.{k} must be {' or '.join(map(repr, rule.split(' | ')))}, got {v!r}")
 
@@ -409,7 +330,7 @@ PRESETS = Path(__file__).resolve().parents[2] / "conf" / "cluster"
 def preset(name: str, **overrides: Any) -> Cluster:
     """Build the preset ``conf/cluster/<name>.yaml`` without Hydra (its ``device`` default and
     plain values only), with top-level keys overridden (``nodes=2``): for code that needs a
-    named testbed outside a job, such as the all-reduce fit of :mod:`harness.kernel_fit`."""
+    named testbed outside a job, such as the all-reduce fit of :mod:`harness.app.kernel_fit`."""
     import yaml
 
     path = PRESETS / f"{name}.yaml"

@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, ru
 
 import numpy as np
 
-from harness.core.cluster import Cluster, DeviceSpec, non_negative_number, unit_fraction
+from harness.core.cluster import Cluster, DeviceSpec
+
+from harness.core.checks import non_negative_number, unit_fraction
 from harness.core.errors import UserError
 from harness.core.graph import UPDATE, OpGraph
 
@@ -258,7 +260,7 @@ class AnalyticalCostModel:
             lat = max(self.cluster.route_lat[w, ps] for w in devs[1:])
             return affine_bytes(nbytes, 2 * lat, 2 * (p - 1) / bw)
         coll = self.cluster.meta.get("collective")
-        if coll:  # a measured collective (harness.calibrate), in the ring formula's terms
+        if coll:  # a measured collective (harness.app.calibrate), in the ring formula's terms
             bw, lat = float(coll["bw_GBps"]) * 1e9, float(coll["lat_us"]) * 1e-6
         else:
             hops = [(devs[k], devs[(k + 1) % p]) for k in range(p)]

@@ -22,3 +22,7 @@ class ProfileError(UserError, RuntimeError):
 class OptionError(UserError, ValueError):
     """A component refused a parameter of its config block (an unknown key, a value out of range);
     the message names the key and what the component accepts."""
+
+
+class ClusterError(UserError, ValueError):
+    """A cluster description is invalid (no devices, unknown topology, missing bandwidth)."""

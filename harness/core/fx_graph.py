@@ -123,7 +123,7 @@ def to_opgraph(gm: Any, probe: list[ProbeRecord] | None, info: dict[str, Any], b
     aligned = align_probe(ops, probe) if probe is not None else None
     shapes2, ins2 = aligned if aligned is not None else (None, None)
     N = len(ops)
-    names, targets, layers, phase = [], [], [], np.zeros(N, np.int8)
+    names, targets, phase = [], [], np.zeros(N, np.int8)
     flops = np.zeros(N)
     out_b = np.zeros(N, np.int64)
     work_b = np.zeros(N, np.int64)

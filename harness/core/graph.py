@@ -37,33 +37,27 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from harness.core.errors import UserError
+from harness.core.graph_file import check_graph_fields
+from harness.core.graph_terms import (  # noqa: F401 - the graph's vocabulary, imported from here too
+    ANY_DEVICE,
+    BACKWARD,
+    BATCH_ROLES,
+    BATCHED,
+    FORWARD,
+    GRAPH_FORMAT,
+    GRAPH_FORMATS,
+    PARTIAL,
+    PHASES,
+    REPLICATED,
+    UPDATE,
+    GraphError,
+    show_number,
+)
 from harness.core.kernels import KernelTable
 
 #: what :func:`read_json_object` calls a JSON value that is not an object, by Python type
 _JSON_KINDS: dict[type, str] = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
                                 type(None): "null"}
-
-PHASES: tuple[str, ...] = ("forward", "backward", "update")
-FORWARD, BACKWARD, UPDATE = 0, 1, 2
-
-#: How a node behaves when its op is split along the sample (batch) dimension:
-#: ``batched`` ops work on a slice of the batch and produce a slice; ``partial`` ops
-#: consume batched inputs but produce an unbatched tensor (weight gradients, the loss),
-#: so each replica holds a partial sum that must be reduced; ``replicated`` ops do not
-#: depend on the batch (parameter views, optimizer updates) and run whole on every replica.
-BATCH_ROLES: tuple[str, ...] = ("batched", "partial", "replicated")
-BATCHED, PARTIAL, REPLICATED = 0, 1, 2
-
-GRAPH_FORMAT = "harness.opgraph/2"
-#: the formats :meth:`OpGraph.load` reads: /1 (no ``node_time_s``) and /2
-GRAPH_FORMATS: tuple[str, ...] = ("harness.opgraph/1", GRAPH_FORMAT)
-#: the ``node_time_s`` key of a time measured on (or valid for) any device kind
-ANY_DEVICE = "*"
-
-
-class GraphError(UserError, ValueError):
-    """A graph is malformed (a cycle, an edge to a missing node, arrays of wrong length)."""
-
 
 def read_json_object(path: str | Path, what: str, error: type[UserError]) -> dict[str, Any]:
     """The JSON object in the file at ``path`` (``what`` names the file in messages, e.g.
@@ -487,9 +481,7 @@ class OpGraph(EdgeListGraph):
         kw = {k: v for k, v in d.items() if k != "format"}
         if "node_time_s" in kw and fmt != GRAPH_FORMAT:
             raise GraphError(f"field 'node_time_s' needs format {GRAPH_FORMAT!r}; this file says {fmt!r}")
-        from harness.core.graph_file import check_graph_fields  # graph_file reads this module's names
-
-        check_graph_fields(kw)
+        check_graph_fields(kw, dataclasses.fields(cls))
         src, dst = np.asarray(kw["src"]), np.asarray(kw["dst"])
         return cls.from_unordered(**kw) if (src >= dst).any() else cls(**kw)
 
@@ -515,11 +507,6 @@ class OpGraph(EdgeListGraph):
 
     def __repr__(self) -> str:
         return self.summary()
-
-
-def show_number(x: float) -> str:
-    """A number as the file wrote it (``-3``, ``1.5``, ``nan``)."""
-    return str(int(x)) if np.isfinite(x) and x == int(x) else repr(float(x))
 
 
 def _measured_arrays(given: Any, names: Sequence[str]) -> dict[str, np.ndarray]:

@@ -10,33 +10,33 @@ and the ``node_time_s`` entries are checked when the graph is built (``OpGraph._
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from harness.core.graph import BATCH_ROLES, PHASES, GraphError, OpGraph, show_number
+from harness.core.graph_terms import BATCH_ROLES, PHASES, GraphError, show_number
 
 
-def check_graph_fields(d: dict[str, Any]) -> None:
-    """Check the fields of a graph file (its mapping without ``format``): raise a
-    :class:`GraphError` naming the first mistake."""
-    _check_fields(d)
+def check_graph_fields(d: dict[str, Any], fields: Sequence[dataclasses.Field[Any]]) -> None:
+    """Check the fields of a graph file (its mapping without ``format``) against the graph's
+    dataclass ``fields``: raise a :class:`GraphError` naming the first mistake."""
+    _check_fields(d, fields)
     _check_edges(d)
     _check_nodes(d)
     _check_params(d)
 
 
-def _file_fields() -> tuple[list[str], list[str]]:
+def _file_fields(fields: Sequence[dataclasses.Field[Any]]) -> tuple[list[str], list[str]]:
     """The (required, optional) fields of a graph file: OpGraph's dataclass fields without and
     with a default (``fx`` is never saved)."""
-    fs = [f for f in dataclasses.fields(OpGraph) if f.name != "fx"]
+    fs = [f for f in fields if f.name != "fx"]
     required = [f.name for f in fs if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     return required, [f.name for f in fs if f.name not in required]
 
 
-def _check_fields(d: dict[str, Any]) -> None:
+def _check_fields(d: dict[str, Any], fields: Sequence[dataclasses.Field[Any]]) -> None:
     """Every required field present, none unknown, ``names`` a list of strings."""
-    required, optional = _file_fields()
+    required, optional = _file_fields(fields)
     unknown = [k for k in d if k not in required and k not in optional]
     if unknown:
         raise GraphError(f"field {unknown[0]!r} is not an op graph field (fields: {', '.join(required + optional)})")

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from harness.core.capture import CaptureError
-from harness.core.cluster import positive_int
+from harness.core.checks import positive_int
 from harness.core.errors import UserError
 from harness.core.layergraph import LayerGraphError
 from harness.core.models import ModelConfigError, TorchModel

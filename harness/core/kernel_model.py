@@ -2,7 +2,7 @@
 (``harness/data/kernel_calibration.json``, fitted by ``python -m harness.kernel_fit``), the
 monotone piecewise-linear log-efficiency curves of each op class (:class:`KernelModel`) and
 the convolution filter families they distinguish.  :mod:`harness.core.calibrated` evaluates it;
-:mod:`harness.kernel_fit` fits it from the DeepBench kernels."""
+:mod:`harness.app.kernel_fit` fits it from the DeepBench kernels."""
 
 from __future__ import annotations
 

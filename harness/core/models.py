@@ -11,7 +11,7 @@ give a :meth:`TorchModel.layer_graph`.  Three kinds:
 * :class:`BuiltLayerGraph`: a layer graph written in code with
   :class:`harness.core.layer_builder.LayerGraphBuilder` (PaSE's graphs: ``model=pase_alexnet``).
 
-Every source checks its config when it is built (by ``harness.run.build``, before anything is
+Every source checks its config when it is built (by ``harness.app.run.build``, before anything is
 traced or simulated), and a mistake is a :class:`harness.core.errors.UserError` whose one-line
 message names the key as the user types it (``model.batch_size``, ``model.module.depth``):
 
@@ -46,7 +46,7 @@ import numpy as np
 
 from harness.core.capture import CaptureError, TensorSpec, capture
 from harness.core.graph_rewrites import colocate_gradients
-from harness.core.cluster import integer, non_negative_number, positive_int, positive_number
+from harness.core.checks import integer, non_negative_number, positive_int, positive_number
 from harness.core.errors import UserError
 from harness.core.graph_cache import cached, source_file_digest
 from harness.core.graph import BATCHED, FORWARD, GRAPH_FORMAT, GraphError, OpGraph, read_json_object

@@ -76,7 +76,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.core.cluster import Cluster, positive_int, positive_number
+from harness.core.cluster import Cluster
+
+from harness.core.checks import positive_int, positive_number
 from harness.core.costs import AnalyticalCostModel, CostModelError
 from harness.core.layergraph import LayerGraph
 from harness.core.layer_shards import output_dim_names
@@ -292,7 +294,7 @@ class PaseCostModel(AnalyticalCostModel):
     def edge_flops(self, lg: LayerGraph, e: int, dims_u: Sequence[str], deg_u: np.ndarray,
                    dims_v: Sequence[str], deg_v: np.ndarray) -> np.ndarray:
         """t_E of edge e for every (producer config, consumer config): ``[Cu, Cv]`` FLOPs."""
-        u, v = int(lg.src[e]), int(lg.dst[e])
+        u = int(lg.src[e])
         deg_u = np.asarray(deg_u, dtype=np.float64)
         deg_v = np.asarray(deg_v, dtype=np.float64)
         Cu, Cv = len(deg_u), len(deg_v)

@@ -5,7 +5,7 @@ A :class:`ProfiledCostModel` reads the Parquet profiles of each device kind of t
 :meth:`node_times` from them:
 
 1. *by node*: when a profile of the same model and granularity has the graph's fingerprint
-   (:func:`harness.core.execgraph.graph_fingerprint`: the targets, batch roles, FLOPs per sample
+   (:func:`harness.core.fingerprint.graph_fingerprint`: the targets, batch roles, FLOPs per sample
    and parameter sizes agree, so node i is the op that was profiled as node i), node i's
    time at the requested batch ``b = batch_size x fraction`` is interpolated linearly
    between the profiled batch sizes (extrapolated linearly from the nearest two outside
@@ -13,7 +13,7 @@ A :class:`ProfiledCostModel` reads the Parquet profiles of each device kind of t
 2. *by key*: otherwise a node whose (target, FLOPs, bytes, output bytes) equals a profiled
    op's takes that op's time (scaled like 1. with one batch when ``fraction < 1``);
 3. else the analytical roofline (``fallback`` parameters), and the node is counted:
-   :meth:`report` says how many nodes fell back, of which targets; ``harness.run`` puts it
+   :meth:`report` says how many nodes fell back, of which targets; ``harness.app.run`` puts it
    into result.json as ``costs_report``.
 
 Never below a floor: the smaller of the node's smallest profiled time and the device's
@@ -24,7 +24,7 @@ are the analytical model's (alpha-beta links of the cluster, ring all-reduce, by
 
 What is given is checked when the model is built: a ``costs.profile_dir`` or a
 ``costs.profiles`` entry that does not exist, or an entry for a device kind the cluster does
-not have, is a :class:`harness.profile.ProfileError` (not a silent fall-back to the roofline);
+not have, is a :class:`harness.core.errors.ProfileError` (not a silent fall-back to the roofline);
 the ``fallback`` figures as :func:`harness.core.costs.check_roofline` (named ``costs.fallback.*``).
 Without ``profile_dir`` the profiles of the repository are read, and a device kind none was
 taken for falls back (counted in the report).
@@ -42,7 +42,7 @@ import numpy as np
 
 from harness.core.cluster import Cluster
 from harness.core.costs import AnalyticalCostModel, CostModelError, check_roofline, refuse_unknown, with_measured
-from harness.core.execgraph import graph_fingerprint, node_keys
+from harness.core.fingerprint import graph_fingerprint, node_keys
 from harness.core.graph import OpGraph
 
 #: where operator profiles live: ``results/profiles/<device slug>/`` (written by ``python -m harness.profile``)

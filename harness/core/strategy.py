@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.cluster import integer
+from harness.core.checks import integer
 from harness.core.errors import UserError
 from harness.core.graph import read_json_object
 
@@ -44,12 +44,12 @@ class StrategyError(UserError, ValueError):
 def graph_identity(graph: Any) -> dict[str, Any]:
     """What strategy.json records of the graph a strategy was planned for (its ``graph`` key):
     the kind (``op`` or ``layer``), node and edge counts, the model and, for an operator graph,
-    :func:`harness.core.execgraph.graph_fingerprint` (batch-independent: structure and sizes)."""
+    :func:`harness.core.fingerprint.graph_fingerprint` (batch-independent: structure and sizes)."""
     kind = "layer" if type(graph).__name__ == "LayerGraph" else "op"
     out: dict[str, Any] = {"kind": kind, "nodes": int(graph.num_nodes), "edges": int(graph.num_edges),
                            "model": (getattr(graph, "meta", None) or {}).get("model")}
     if kind == "op":
-        from harness.core.execgraph import graph_fingerprint  # imports torch: only when a job saves a plan
+        from harness.core.fingerprint import graph_fingerprint  # imports torch: only when a job saves a plan
 
         out["fingerprint"] = graph_fingerprint(graph)
     return out

@@ -8,18 +8,32 @@ one is a :class:`~harness.core.cluster.ClusterError` naming its key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from harness.core.cluster import ClusterError, Link, integer, non_negative_number, positive_int, positive_number
+from harness.core.checks import integer, non_negative_number, positive_int, positive_number
+from harness.core.errors import ClusterError
+
 
 def link_bandwidth(spec: Mapping[str, Any], key: str) -> float:
     """A link's bandwidth in bytes/s from the ``bw_GBps`` or ``bw_gbps`` of the spec at
     ``cluster.<key>``."""
     if spec.get("bw_GBps") is not None:
-        return positive_number(spec["bw_GBps"], f"cluster.{key}.bw_GBps") * 1e9
+        return positive_number(spec["bw_GBps"], f"cluster.{key}.bw_GBps", ClusterError) * 1e9
     if spec.get("bw_gbps") is not None:
-        return positive_number(spec["bw_gbps"], f"cluster.{key}.bw_gbps") * 1e9 / 8
+        return positive_number(spec["bw_gbps"], f"cluster.{key}.bw_gbps", ClusterError) * 1e9 / 8
     raise ClusterError(f"cluster.{key} needs bw_GBps (gigabytes/s) or bw_gbps (gigabits/s)")
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A directional link.  ``cls`` is the link class used when reporting bytes moved."""
+
+    id: int
+    name: str
+    cls: str
+    bw: float  # bytes/s
+    lat: float  # s
 
 
 class LinkBuilder:
@@ -40,7 +54,7 @@ Routes = dict[tuple[int, int], tuple[int, ...]]
 
 def link_latency(spec: Mapping[str, Any], default_us: float, key: str) -> float:
     """A link's latency in seconds from the ``lat_us`` of the spec at ``cluster.<key>``."""
-    return non_negative_number(spec.get("lat_us", default_us), f"cluster.{key}.lat_us") * 1e-6
+    return non_negative_number(spec.get("lat_us", default_us), f"cluster.{key}.lat_us", ClusterError) * 1e-6
 
 
 def _mesh_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
@@ -73,11 +87,11 @@ def _pcie_tree_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mappin
     """
     cls, bw, lat = str(spec.get("cls", "nvlink")), link_bandwidth(spec, key), link_latency(spec, 5.0, key)
     k = len(gpus)
-    per_sw = positive_int(spec.get("gpus_per_switch", 2), f"cluster.{key}.gpus_per_switch")
+    per_sw = positive_int(spec.get("gpus_per_switch", 2), f"cluster.{key}.gpus_per_switch", ClusterError)
     up = [b.link(f"{prefix}gpu{a}->sw{a // per_sw}", cls, bw, lat / 2) for a in range(k)]
     down = [b.link(f"{prefix}sw{a // per_sw}->gpu{a}", cls, bw, lat / 2) for a in range(k)]
     nsw = (k + per_sw - 1) // per_sw
-    sockets = integer(spec.get("sockets", 1), f"cluster.{key}.sockets")
+    sockets = integer(spec.get("sockets", 1), f"cluster.{key}.sockets", ClusterError)
     if sockets < 1 or nsw % sockets:
         raise ClusterError(f"{key}.sockets: {sockets} socket(s) cannot share the {nsw} PCIe switch(es) evenly")
     sock = [s // (nsw // sockets) for s in range(nsw)]
@@ -138,7 +152,7 @@ def _nvlink_mesh_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapp
     GPUs without an NVLink goes over PCIe, and over QPI across CPU sockets)."""
     if spec.get("link_GBps") is None:
         raise ClusterError(f"{key}.link_GBps is missing: nvlink_mesh needs the bandwidth of one brick per direction")
-    brick = positive_number(spec["link_GBps"], f"cluster.{key}.link_GBps") * 1e9
+    brick = positive_number(spec["link_GBps"], f"cluster.{key}.link_GBps", ClusterError) * 1e9
     cls, lat = str(spec.get("cls", "nvlink")), link_latency(spec, 5.0, key)
     bricks = _nvlink_pairs(spec.get("pairs"), len(gpus), key)
     routes: Routes = {}

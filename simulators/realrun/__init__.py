@@ -11,15 +11,15 @@ on several hosts by hand, see :func:`simulators.realrun.__main__.main`), rendezv
 CPU rank is pinned to its own cores (``os.sched_setaffinity``) and runs
 ``threads_per_rank`` torch threads, so that the ranks behave as separate devices; with
 ``spin_idle`` (default) it keeps a ``SCHED_IDLE`` busy loop on each of its cores
-(:class:`harness.core.timing.IdleSpinners`), so that a rank waiting for a message does not halt
+(:class:`simulators.realrun.timing.IdleSpinners`), so that a rank waiting for a message does not halt
 its core - waking a halted virtual CPU costs milliseconds per message.  With
 ``steady_malloc`` (default) a CPU rank keeps the memory it frees
-(:func:`harness.core.timing.steady_malloc`, as the profiler does), so that its buffers are reused
+(:func:`simulators.realrun.timing.steady_malloc`, as the profiler does), so that its buffers are reused
 without page faults, as a GPU's caching allocator reuses them; otherwise whether glibc hands
 freed buffers back to the OS differs from process to process, and so does the step time.
 
 The captured joint forward + backward + SGD-update graph is turned into an
-:class:`~harness.core.execgraph.ExecGraph` and, for each rank, into straight-line Python code
+:class:`~simulators.realrun.execgraph.ExecGraph` and, for each rank, into straight-line Python code
 (compiled once; a few hundred nanoseconds of overhead per op, like ``torch.fx``'s own code):
 
 * **operator placement** (every node on one device): every rank walks the nodes in the
@@ -92,7 +92,7 @@ of the rank's process during a step (allocations the C library had to map afresh
 Profiled during the run (``interleave_profile``, off by default): after every step one rank
 in turn - the others wait at a barrier it joins when done - runs the whole executed graph alone
 from its own copy of the initial state and times each op in situ
-(:func:`harness.core.timing.in_situ_step`, the profiler's ``mode=in_situ``).  The plan is then
+(:func:`simulators.realrun.timing.in_situ_step`, the profiler's ``mode=in_situ``).  The plan is then
 simulated again with each op's mean over those reference steps (summed per coarse node of a
 layer-granularity plan; the B/k graph's times stand for the data-parallel shards) - means, as
 the measured step is a mean and a mean step is the sum of its ops' means (per-op medians came
@@ -101,7 +101,7 @@ each device's times from its own rank's reference steps, as two cores of a share
 equally fast at a given minute: ``step_time_interleaved_s`` and ``sim_relative_error_interleaved`` beside ``step_time_s``,
 ``measured_reference_step_s`` the reference steps' mean length.  A profile taken minutes
 before the run sees another machine when the machine's speed drifts (``python -m
-harness.calibrate --drift``: tens of percent on a shared VM); one interleaved with the measured
+harness.app.calibrate --drift``: tens of percent on a shared VM); one interleaved with the measured
 steps sees the same one, so the comparison isolates the simulator's model of the step -
 overlap, order, communication - from the drift.  Not for channel-parallel runs, whose layers
 execute other ops than the captured graph's.

@@ -14,9 +14,10 @@ import numpy as np
 
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
-from harness.core.execgraph import ExecGraph, initial_state, layer_runs
+from harness.core.fingerprint import layer_runs
+from simulators.realrun.execgraph import ExecGraph, initial_state
 from harness.core.graph import OpGraph
-from harness.core.timing import rank_cores
+from simulators.realrun.timing import rank_cores
 from harness.core.strategy import Strategy
 from simulators.realrun.channel import channel_plan, layer_channel_split, split_dims
 from simulators.realrun.codegen import dp_program, placement_programs
@@ -28,7 +29,7 @@ from simulators.simulate import SimResult, simulate
 from simulators.shards import param_home_nodes
 
 
-#: a device kind that names a CPU: :func:`harness.core.timing.device_name`'s "<model> (N thread(s))"
+#: a device kind that names a CPU: :func:`simulators.realrun.timing.device_name`'s "<model> (N thread(s))"
 _CPU_KIND = re.compile(r"\(\d+ threads?\)$")
 
 
@@ -71,7 +72,7 @@ def _uniform_sample_config(strategy: Strategy, what: str, names: Sequence[str]) 
 class RealRun:
     """``sim=realrun``: simulate (``step_time_s``) and execute for real (``measured_step_time_s``)."""
 
-    #: harness.run captures the graph with its fx module and calls :meth:`bind` with the source
+    #: harness.app.run captures the graph with its fx module and calls :meth:`bind` with the source
     needs_fx = True
 
     def __init__(
@@ -153,7 +154,7 @@ class RealRun:
         if self.source is None or not hasattr(self.source, "build"):
             raise RealRunError(
                 "sim=realrun needs a PyTorch model source (a zoo model or model=custom); "
-                + ("none was bound (harness.run binds it; call RealRun.bind(source) yourself otherwise)" if self.source is None
+                + ("none was bound (harness.app.run binds it; call RealRun.bind(source) yourself otherwise)" if self.source is None
                    else f"model {getattr(self.source, 'name', '?')!r} is a {type(self.source).__name__}, which has nothing to execute")
             )
         name = getattr(self.source, "name", "?")

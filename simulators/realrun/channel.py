@@ -8,12 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from harness.core.execgraph import ExecGraph, Ref, TensorMeta, is_shape_only, short_target
 from harness.core.graph import OpGraph
 from harness.core.strategy import Strategy
-from simulators.realrun.codegen import consumers
+from simulators.realrun.execgraph import ExecGraph, Ref, TensorMeta, consumers, is_shape_only, short_target
 from simulators.realrun.job import RealRunError
-
 
 #: shape-agnostic aten ops (no size arguments) that may run on a slice of a tensor: the ops of a
 #: channel-parallel elementwise layer, and the optimizer's update of a sliced parameter

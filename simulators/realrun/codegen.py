@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.core.execgraph import DEVICE, ExecGraph, Ref, TensorMeta, is_shape_only
 from harness.core.graph import PARTIAL, REPLICATED
+from simulators.realrun.execgraph import DEVICE, ExecGraph, Ref, TensorMeta, consumers, is_shape_only
 from simulators.realrun.job import RankProgram, RealRunError
 
 if TYPE_CHECKING:
@@ -102,19 +102,6 @@ class _Emitter:
             head = ["def post(PH, RB):", *self.posted, f"    return {tup}"]
             unpack = [f"    {tup} = _P"]
         return "\n".join([*head, "def step(PH, RB, W, _P=()):", "    _b = 0.0", *unpack, *prologue, *body, *epilogue])
-
-
-def consumers(eg: ExecGraph) -> list[list[tuple[int, bool]]]:
-    """Per node: (consumer, reads only metadata) in node order, one entry per consumer."""
-    cons: list[list[tuple[int, bool]]] = [[] for _ in range(eg.num_nodes)]
-    for c, ins in enumerate(eg.instrs):
-        so = is_shape_only(ins.target)
-        seen = set()
-        for r in eg.refs(c):
-            if r.kind == "n" and r.index not in seen:
-                seen.add(r.index)
-                cons[r.index].append((c, so))
-    return cons
 
 
 def _ph_readers(eg: ExecGraph) -> list[list[int]]:

@@ -52,7 +52,7 @@ def interleaved_costs(graph: Any, cluster: Cluster, costs: CostModel, job: Job, 
                       reference_rank: np.ndarray | None = None) -> "RunProfileCosts | None":
     """The plan's cost model with its ops' times profiled *during* the real run: on each
     device, each node's mean over the reference steps its rank ran between the measured steps
-    (:func:`harness.core.timing.in_situ_step` on the executed graph; all ranks' steps where
+    (:func:`simulators.realrun.timing.in_situ_step` on the executed graph; all ranks' steps where
     ``reference_rank`` is not given or a rank ran none), summed per plan node when the plan is
     coarser.  Per rank, because the two cores of a shared VM need not be equally fast at a
     given minute.  Means, not medians: the measured step is a mean, and a mean step is the sum

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.errors import UserError
-from harness.core.execgraph import ExecGraph
+from simulators.realrun.execgraph import ExecGraph
 
 
 #: ``sim.trace`` event kinds: an op's call (id = node), a send call (id = message tag), waiting
@@ -61,12 +61,12 @@ class Job:
     param_rows: dict[int, int] = field(default_factory=dict)
     #: channel_parallel: outputs (``grad<j>``, ``new<j>``) that are slices, concatenated over the ranks along dim 0
     gather: list[str] = field(default_factory=list)
-    #: CPU ranks: keep each rank's cores from idling (:class:`harness.core.timing.IdleSpinners`)
+    #: CPU ranks: keep each rank's cores from idling (:class:`simulators.realrun.timing.IdleSpinners`)
     spin_idle: bool = False
-    #: CPU ranks: keep freed memory in the process (:func:`harness.core.timing.steady_malloc`)
+    #: CPU ranks: keep freed memory in the process (:func:`simulators.realrun.timing.steady_malloc`)
     steady_malloc: bool = False
     #: after every step one rank in turn runs the whole ``eg`` alone, timing each node in situ
-    #: (:func:`harness.core.timing.in_situ_step`): a profile taken while the run is measured
+    #: (:func:`simulators.realrun.timing.in_situ_step`): a profile taken while the run is measured
     interleave_profile: bool = False
     #: the plan graph's node of each ``eg`` node when the plan is coarser (layer granularity), else None
     ref_group: Any = None

@@ -64,7 +64,7 @@ def write_job(job: Job, job_dir: str | None) -> Path:
 
 def _unguarded_script_hint() -> str:
     """Why ranks that died before starting may have died: ``spawn`` re-runs the caller's script
-    in every rank, and a script that calls ``harness.run`` at its top level starts ranks again
+    in every rank, and a script that calls ``harness.app.run`` at its top level starts ranks again
     there, which multiprocessing refuses during a child's start-up."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)

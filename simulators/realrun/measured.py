@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.timing import rank_cores
+from simulators.realrun.timing import rank_cores
 from simulators.realrun.job import Job, RealRunError
 
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.core.execgraph import TensorMeta, initial_state, resolve
+from simulators.realrun.execgraph import TensorMeta, initial_state, resolve
 from simulators.realrun.board import (P_BARRIER, P_COLLECTIVE, P_DONE, P_DRAIN, P_FINAL, P_LOAD, P_PROFILE, P_PROFILE_WAIT, P_RECV,
                                       P_RENDEZVOUS, P_SETUP, P_STEP, Progress)
 from simulators.realrun.job import TRACE_ALLREDUCE, TRACE_DRAIN, TRACE_OP, TRACE_RECV, TRACE_SEND, Job, RankProgram
@@ -29,7 +29,7 @@ def _setup_rank(job: Job, rank: int, local_rank: int) -> tuple[Any, Any]:
     if job.device == "cpu" and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(job.cores[local_rank % len(job.cores)]))  # this host's cores: by local rank
     if job.steady_malloc:
-        from harness.core.timing import steady_malloc
+        from simulators.realrun.timing import steady_malloc
 
         steady_malloc()
     torch.set_num_threads(job.threads)
@@ -218,7 +218,7 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str, row: Any) -> None:
     post, step, acc = _compile(prog, device, dist, pg, dp_group, k, row, pos, events)
     traces: list[np.ndarray] = []  # [events, 4] per measured step: kind, id, start, end (perf_counter seconds)
     if job.interleave_profile:
-        from harness.core.timing import dead_inputs, in_situ_step
+        from simulators.realrun.timing import dead_inputs, in_situ_step
 
         ref_ph = initial_state(job.source, job.eg, job.seed, device)
         ref_dead = dead_inputs(job.eg)
@@ -305,7 +305,7 @@ def run_rank(job_dirs: Sequence[str], rank: int, local_rank: int, init_method: s
 
     import torch.distributed as dist
 
-    from harness.core.timing import IdleSpinners
+    from simulators.realrun.timing import IdleSpinners
 
     _die_with_parent()
     progress = Progress(board, rank)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from experiments.common import zoo_models
-from harness.compose import compose
+from harness.app.compose import compose
 from harness.core.capture import capture
-from harness.run import build
+from harness.app.run import build
 
 
 @pytest.mark.parametrize("name", zoo_models())

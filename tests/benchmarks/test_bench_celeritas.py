@@ -15,8 +15,8 @@ import pytest
 
 from algorithms.celeritas import Celeritas
 from algorithms.m_sct import MSCT
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 
 
 def graph_of(overrides):

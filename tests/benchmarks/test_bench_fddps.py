@@ -23,8 +23,8 @@ import time
 import pytest
 
 from algorithms.fddps import FDDPS
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 from tests.helpers import assert_goal
 
 

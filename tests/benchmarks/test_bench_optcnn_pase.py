@@ -27,8 +27,8 @@ from algorithms.layer_tables import build_tables
 from algorithms.optcnn import OptCNN
 from algorithms.pase import vertex_elimination
 from experiments._layerwise import parametric, problem
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 from tests.helpers import assert_goal
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from algorithms.baselines import DataParallel
 from algorithms.m_topo import MTopo
-from harness.compose import compose
-from harness.run import build
+from harness.app.compose import compose
+from harness.app.run import build
 from harness.core.strategy import Strategy
 from simulators.simulate import simulate
 

@@ -234,7 +234,7 @@ def _build_call(b: GraphBuilder, n: Any) -> None:
     if key == "const":
         b.refs[n] = CONST
         return
-    ctx = CallContext(b, n, op, module)
+    ctx = b.context(n, op, module)
     if key == "elementwise" and op.startswith("dropout") and ctx.arg(1, "p", 0.5) == 0:
         key = "alias"
     if key == "cast" and ctx.out is not None and ctx.operands and ctx.out.dtype == ctx.operands[0][1].dtype:

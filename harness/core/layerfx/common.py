@@ -15,8 +15,6 @@ from harness.core.layergraph import LayerGraphError
 if TYPE_CHECKING:
     import torch
 
-    from harness.core.layerfx.emit import GraphBuilder
-
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -191,23 +189,21 @@ class Unsupported(Exception):
 
 
 class CallContext:
-    """One fx call node as the handlers see it: values of its args and its tensor operands."""
+    """One fx call node as the handlers see it: values of its args and its tensor operands.
+    The graph builder makes one (:meth:`harness.core.layerfx.emit.GraphBuilder.context`)."""
 
-    def __init__(self, builder: "GraphBuilder", node: Any, op_name: str, module: Any) -> None:
-        import torch
-
+    def __init__(self, node: Any, op_name: str, module: Any, args: Any, kwargs: Any, value: Any, out: Any,
+                 operands: list[tuple[Any, Any]], batch: int) -> None:
         self.node = node
         self.op = op_name
         self.module = module
-        self.args = builder.value_of(node.args)
-        self.kwargs = builder.value_of(node.kwargs)
-        self.value = builder.env[node]
-        self.out = self.value if isinstance(self.value, torch.Tensor) else next(iter(builder.tensors_in(self.value)), None)
+        self.args = args
+        self.kwargs = kwargs
+        self.value = value
+        self.out = out
         #: (ref, value) of every tensor operand in flattened argument order
-        self.operands: list[tuple[Any, Any]] = [
-            (builder.ref_of(a), v) for a, v in builder.leaves(node.args, node.kwargs) if isinstance(v, torch.Tensor)
-        ]
-        self.batch = builder.batch_size
+        self.operands = operands
+        self.batch = batch
 
     def arg(self, pos: int, name: str, default: Any = None) -> Any:
         if name in self.kwargs:

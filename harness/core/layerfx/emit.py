@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.layerfx.common import NodeSpec, Piece, TensorRef, default_axes, dtype_name, flat_tensors, fresh_name
+from harness.core.layerfx.common import CallContext, NodeSpec, Piece, TensorRef, default_axes, dtype_name, flat_tensors, fresh_name
 
 
 def _jsonable(x: Any) -> Any:
@@ -56,6 +56,16 @@ class GraphBuilder:
         self.edges: list[tuple[int, int, int, int, int]] = []  # src, dst, nbytes, dst_port, src_port
 
     # ---------------------------------------------------------------- fx plumbing
+    def context(self, node: Any, op_name: str, module: Any) -> CallContext:
+        """The call ``node`` as the handlers see it (:class:`CallContext`)."""
+        import torch
+
+        value = self.env[node]
+        out = value if isinstance(value, torch.Tensor) else next(iter(self.tensors_in(value)), None)
+        operands = [(self.ref_of(a), v) for a, v in self.leaves(node.args, node.kwargs) if isinstance(v, torch.Tensor)]
+        return CallContext(node, op_name, module, self.value_of(node.args), self.value_of(node.kwargs), value, out, operands,
+                           self.batch_size)
+
     def value_of(self, a: Any) -> Any:
         import torch.fx as fx
 

@@ -1,4 +1,4 @@
-"""``harness.run(cfg)``: model -> graph -> algorithm -> strategy -> simulator -> result.
+"""``harness.app.run(cfg)``: model -> graph -> algorithm -> strategy -> simulator -> result.
 
 A pure function of the composed config: it writes nothing.  The Hydra shell
 (``python -m harness``) writes what it returns into the job's output dir.
@@ -179,7 +179,7 @@ def config_hash(cfg: Any) -> str:
 def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_cache: Path | None = None) -> Result:
     """Run one job.  ``on_plan`` (optional) receives the plan and the captured graph as soon as
     the plan exists, so a caller can save it even if the simulation then fails.  Unless ``output.worth`` is false
-    the row also says what the plan is worth (:mod:`harness.worth`); ``reference_cache`` is a
+    the row also says what the plan is worth (:mod:`harness.app.worth`); ``reference_cache`` is a
     directory the jobs of one sweep share for its reference steps."""
     source, cluster, costs, algo, sim = build(cfg)
     gcfg = _to_plain(cfg.get("graph", {})) or {}
@@ -239,7 +239,7 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
 def _worth(cfg: Any, graph: Any, cluster: Cluster, costs: Any, kind: str, step_s: float, info: dict[str, Any],
            cache: Path | None) -> dict[str, Any]:
     """The plan's speed-ups over one device and data parallelism and its estimate's gap."""
-    from harness.worth import reference_key, reference_steps, simulate_references, worth
+    from harness.app.worth import reference_key, reference_steps, simulate_references, worth
 
     if not (cfg.get("output") or {}).get("worth", True):
         return {}
@@ -304,7 +304,7 @@ def format_summary(row: dict[str, Any]) -> str:
 
 
 def worth_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
-    """Summary lines of :mod:`harness.worth`'s keys (none when the job did not compute them)."""
+    """Summary lines of :mod:`harness.app.worth`'s keys (none when the job did not compute them)."""
     out: list[tuple[str, str]] = []
     single = row.get("speedup_vs_single_device")
     if single is not None:

@@ -1,5 +1,5 @@
-"""Machine and timing primitives shared by the profiler (``harness.profile``), the calibration
-(``harness.calibrate``) and real runs (``sim=realrun``): which CPU or GPU this is, thread counts
+"""Machine and timing primitives shared by the profiler (``harness.app.profile``), the calibration
+(``harness.app.calibrate``) and real runs (``sim=realrun``): which CPU or GPU this is, thread counts
 and core pinning, the allocator setting and idle spinners that make a CPU measurement repeatable,
 and one whole step executed in node order with every node timed (the in-situ profile)."""
 
@@ -7,50 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import time
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from harness.core.errors import ProfileError
-from harness.core.execgraph import ExecGraph, materialize, resolve
-
-# ---------------------------------------------------------------------------- environment
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo; no host name)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def device_name(device: str, threads: int) -> str:
-    """The name a profile is filed under: the GPU's name, or the CPU model with the thread
-    count (a CPU with 1 thread and with 8 threads are different devices)."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev.index or 0)
-    return f"{cpu_model()} ({threads} thread{'s' if threads != 1 else ''})"
-
-
-
-def thread_count(value: Any, key: str) -> int:
-    """``value`` as a thread count: an integer from 1 to the cores this process may use
-    (:class:`ProfileError` naming ``key`` otherwise)."""
-    from harness.core.cluster import positive_int
-
-    n = positive_int(value, key, ProfileError)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if n > cores:
-        raise ProfileError(f"{key}={n} is more than the {cores} core(s) this process may use: give at most {cores}")
-    return n
+from simulators.realrun.execgraph import ExecGraph, materialize, resolve
 
 
 def rank_cores(world: int, threads: int) -> tuple[list[list[int]], bool]:

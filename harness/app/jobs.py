@@ -22,7 +22,7 @@ A job's process
 
 Outcome
     ``result.json`` exists only for a job whose outputs were all written
-    (:func:`harness.run.write_outputs` writes it last, atomically); a failed job writes
+    (:func:`harness.app.run.write_outputs` writes it last, atomically); a failed job writes
     ``error.json``: the error on one line, whether it is the user's mistake, the traceback.  A
     sweep prints ``N ok, M failed, K skipped`` when it ends and exits 1 if a job failed
     (:class:`SweepSummary`, a Hydra callback registered in ``conf/config.yaml``); a single run
@@ -61,7 +61,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.core.errors import UserError
-from harness.run import config_hash, format_summary, run, write_json_atomic, write_outputs, write_plan
+from harness.app.run import config_hash, format_summary, run, write_json_atomic, write_outputs, write_plan
 
 log = logging.getLogger("harness")
 
@@ -220,7 +220,7 @@ class Job:
     verbose: Any
     env: dict[str, str]
     cwd: str
-    #: where the jobs of a sweep share their reference steps (harness.worth); None for a single run
+    #: where the jobs of a sweep share their reference steps (harness.app.worth); None for a single run
     reference_cache: Path | None = None
 
     def execute(self) -> int:

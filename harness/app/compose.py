@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 #: the config tree
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def compose(overrides: Sequence[str] = ()) -> Any:

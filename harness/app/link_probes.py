@@ -1,6 +1,6 @@
 """The gloo link probes of ``python -m harness.calibrate``: two ranks pinned to their own cores
 measure what a message and an all-reduce cost on this machine, and what a message costs the
-cores of its endpoints (the module docstring of :mod:`harness.calibrate` says what each probe
+cores of its endpoints (the module docstring of :mod:`harness.app.calibrate` says what each probe
 measures and which figure of ``conf/cluster/cpu2.yaml`` it gives); :func:`gloo_link` runs them
 all and fits them.
 """
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.core.timing import rank_cores
+from simulators.realrun.timing import rank_cores
 
 SIZES = [4, 256, 4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 #: all-reduces smaller than this are left out of the collective's fit (gloo reduces a few bytes
@@ -29,7 +29,7 @@ def _pingpong(rank: int, world: int, init: str, cores_of: list[list[int]], reps:
     import torch
     import torch.distributed as dist
 
-    from harness.core.timing import IdleSpinners, steady_malloc
+    from simulators.realrun.timing import IdleSpinners, steady_malloc
 
     cores = cores_of[rank]
     if hasattr(os, "sched_setaffinity"):
@@ -353,7 +353,7 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
     all-reduces per size between two pinned gloo ranks, and their alpha-beta fits: the link's
     ``lat_s``, ``bw_Bps`` (``t = lat + bytes / bw``) and the collective's ``coll_lat_s``,
     ``coll_bw_Bps`` in the ring formula of two ranks (``t = 2 lat + bytes / bw``).  ``spin``
-    runs :class:`~harness.core.timing.IdleSpinners` on the ranks' cores, as ``sim=realrun`` does."""
+    runs :class:`~simulators.realrun.timing.IdleSpinners` on the ranks' cores, as ``sim=realrun`` does."""
     import numpy as np
     import torch.multiprocessing as mp
 
