@@ -16,7 +16,7 @@ import numpy as np
 from algorithms.base import Algorithm
 from algorithms.sched.constraints import follow_colocation
 from harness.core.cluster import Cluster
-from harness.core.checks import integer, positive_int
+from harness.core.checks import integer, one_of, positive_int
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
 from harness.core.strategy import ParallelConfig, Plan, Strategy, StrategyError
@@ -50,11 +50,9 @@ class DataParallel(Algorithm):
     graph_kind = "op"
 
     def __init__(self, name: str = "data_parallel", seed: int = 0, devices: int | None = None, graph: str = "op") -> None:
-        if graph not in ("op", "layer"):
-            raise ValueError(f"data_parallel: graph must be 'op' or 'layer', got {graph!r}")
         super().__init__(name, seed)
         self.devices = None if devices is None else positive_int(devices, "algo.devices", StrategyError)
-        self.graph_kind = graph
+        self.graph_kind = one_of(graph, "algo.graph", ("op", "layer"))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "devices": self.devices, "graph": self.graph_kind}
@@ -63,6 +61,7 @@ class DataParallel(Algorithm):
         k = cluster.num_devices if self.devices is None else self.devices
         if k > cluster.num_devices:
             raise StrategyError(f"algo.devices={k} is more than the {cluster.num_devices} devices of cluster {cluster.name!r}")
+        check_batch_split(graph, k)
         cfg = ParallelConfig.make({"sample": k}, range(k))
         strategy = Strategy.uniform_config(graph.num_nodes, cfg)
         if self.graph_kind == "op":
@@ -71,6 +70,23 @@ class DataParallel(Algorithm):
 
         info = {**evaluate(graph, strategy, cluster, costs), "search_complete": True}
         return Plan(graph, strategy, info=info)
+
+
+def check_batch_split(graph: Any, k: int) -> None:
+    """Refuse to split ``graph``'s batch ``k`` ways when it has fewer than ``k`` samples: its
+    ``meta.batch_size`` (1 when a graph file gives none) or, in a layer graph, a layer's sample
+    dim.  A shard of a fraction of one sample is no data parallelism a framework can run."""
+    if k <= 1:
+        return
+    batch = graph.meta.get("batch_size", 1)
+    for v, dims in enumerate(getattr(graph, "dims", ())):  # a layer graph: its layers' sample dims
+        s = dims.get("sample")
+        if s is not None and s < k and graph.kinds[v] != "input":
+            raise StrategyError(f"layer {graph.names[v]} has sample size {s} < {k} devices: data parallelism cannot split it "
+                                f"{k} ways (model.batch_size is {batch}; use a larger batch or algo.devices <= {s})")
+    if isinstance(batch, (int, np.integer)) and not isinstance(batch, bool) and 0 < batch < k:
+        raise StrategyError(f"data parallelism over {k} devices splits the batch {k} ways, and the graph's batch "
+                            f"(model.batch_size) is {int(batch)}: use a batch of at least {k} or algo.devices <= {int(batch)}")
 
 
 class RoundRobin(Algorithm):

@@ -101,6 +101,7 @@ from algorithms.sched.engine import arrival_row, replay_finish
 from algorithms.sched.levels import ccr, static_costs
 from algorithms.sched.orders import cpd_topo, order_from_starts, positions
 from algorithms.sched.timeline import Timeline
+from harness.core.checks import boolean, one_of, positive_int, positive_number
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -376,21 +377,18 @@ class Celeritas(Algorithm):
     """
 
     graph_kind = "op"
+    paper = "Celeritas (Xu et al.)"
+    paper_claim = "a shorter step than Metis, m-TOPO, m-ETF, m-SCT and HRL (Table 3)"
+    findings = "results/celeritas/README.md"
 
     def __init__(self, name: str = "celeritas", seed: int = 0, adjust: bool = True, R: int = 200, M: float = 0.25,
                  insertion: bool = True, memory: str = "static") -> None:
-        if memory not in ("static", "liveness"):
-            raise ValueError(f"{name}: memory must be 'static' (Alg. 2's Ava_m) or 'liveness', got {memory!r}")
-        if int(R) < 1:
-            raise ValueError(f"{name}: R (exploration range) must be >= 1, got {R}")
-        if not 0 < float(M):
-            raise ValueError(f"{name}: M (cluster memory cap, a fraction of device memory) must be > 0, got {M}")
         super().__init__(name, seed)
-        self.memory = memory
-        self.adjust = bool(adjust)
-        self.R = int(R)
-        self.M = float(M)
-        self.insertion = bool(insertion)  # Order-Place never inserts, whatever this says
+        self.memory = one_of(memory, "algo.memory", ("static", "liveness"))  # static: Alg. 2's Ava_m
+        self.adjust = boolean(adjust, "algo.adjust")
+        self.R = positive_int(R, "algo.R")  # Optimal_BP's exploration range
+        self.M = positive_number(M, "algo.M")  # a cluster's memory cap, a fraction of one device's memory
+        self.insertion = boolean(insertion, "algo.insertion")  # Order-Place never inserts, whatever this says
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "adjust": self.adjust, "R": self.R, "M": self.M, "insertion": self.insertion,

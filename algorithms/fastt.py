@@ -34,7 +34,8 @@ from algorithms.sched.engine import ListSchedule, ready_list_schedule, schedule_
 from algorithms.sched.levels import blevel, tlevel
 from algorithms.sched.orders import order_from_starts
 from algorithms.sched.schedgraph import SchedGraph, comm_fn
-from algorithms.opsplit import DEFAULT_SPLIT_OPS, param_bytes_read, split_dim_of, split_graph
+from algorithms.opsplit import DEFAULT_SPLIT_OPS, SPLIT_DIMS, op_names, param_bytes_read, split_dim_of, split_graph
+from harness.core.checks import boolean, non_negative_int, non_negative_number, one_of, positive_int
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -53,6 +54,8 @@ class FastT(Algorithm):
     """FastT: static critical-path list scheduling plus greedy critical-path op splitting."""
 
     graph_kind = "op"
+    paper = "FastT (Yi et al., CoNEXT 2020; our reading of FD-DPS's description)"
+    findings = "results/fddps/README.md"
 
     def __init__(
         self,
@@ -67,16 +70,14 @@ class FastT(Algorithm):
         insertion: bool = True,
     ) -> None:
         super().__init__(name, seed)
-        if max_rounds < 0 or candidates_per_round < 1:
-            raise ValueError(f"fastt needs max_rounds >= 0 and candidates_per_round >= 1 (got {max_rounds}, {candidates_per_round})")
-        self.split = bool(split)
-        self.split_ops = list(split_ops)
-        self.max_param_MiB = max_param_MiB
-        self.max_param = float(max_param_MiB) * 2**20
-        self.split_dim = str(split_dim)
-        self.max_rounds = int(max_rounds)
-        self.per_round = int(candidates_per_round)
-        self.insertion = bool(insertion)
+        self.split = boolean(split, "algo.split")
+        self.split_ops = op_names(split_ops, "algo.split_ops")
+        self.max_param_MiB = non_negative_number(max_param_MiB, "algo.max_param_MiB")
+        self.max_param = self.max_param_MiB * 2**20
+        self.split_dim = one_of(split_dim, "algo.split_dim", SPLIT_DIMS)
+        self.max_rounds = non_negative_int(max_rounds, "algo.max_rounds")
+        self.per_round = positive_int(candidates_per_round, "algo.candidates_per_round")
+        self.insertion = boolean(insertion, "algo.insertion")
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "split": self.split, "split_ops": self.split_ops, "max_param_MiB": self.max_param_MiB,

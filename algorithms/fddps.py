@@ -22,9 +22,10 @@ import numpy as np
 
 from algorithms.base import Algorithm
 from algorithms.fddps_dcp import SLOT_RULES, DCPScheduler
-from algorithms.opsplit import DEFAULT_SPLIT_OPS, SplitRule, split_for_fddps
+from algorithms.opsplit import DEFAULT_SPLIT_OPS, SPLIT_DIMS, SplitRule, op_names, split_for_fddps
 from algorithms.sched.orders import order_from_starts
 from algorithms.sched.schedgraph import SchedGraph, comm_fn, route_tables
+from harness.core.checks import boolean, non_negative_int, non_negative_number, one_of, positive_int, positive_number
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -38,6 +39,9 @@ class FDDPS(Algorithm):
     """
 
     graph_kind = "op"
+    paper = "FD-DPS (Wang et al., Mathematics 2022)"
+    paper_claim = "shorter steps than FastT and MP-DPS on multi-GPU servers (Table 5) and that splitting operators helps (Table 7)"
+    findings = "results/fddps/README.md"
 
     def __init__(
         self,
@@ -56,22 +60,19 @@ class FDDPS(Algorithm):
         compiled: bool | None = None,
     ) -> None:
         super().__init__(name, seed)
-        if slot not in SLOT_RULES:
-            raise ValueError(f"fddps.slot must be one of {SLOT_RULES}, got {slot!r}")
-        if horizon != "auto" and int(horizon) < 0:
-            raise ValueError(f"fddps.horizon must be 'auto' or >= 0 (0: exact), got {horizon}")
-        self.split = bool(split)
-        self.split_ops = list(split_ops)
-        self.min_time_ms, self.max_param_MiB, self.split_dim = min_time_ms, max_param_MiB, split_dim
-        self.rule = SplitRule(tuple(split_ops), float(min_time_ms), float(max_param_MiB), str(split_dim))
-        self.slot = slot
-        self.horizon = horizon
-        self.eps = float(eps)
-        self.exact_up_to = int(exact_up_to)
-        self.auto_horizon = int(auto_horizon)
-        if compiled not in (None, True, False):
-            raise ValueError(f"fddps.compiled must be null (by graph size), true or false, got {compiled!r}")
-        self.compiled = compiled
+        self.split = boolean(split, "algo.split")
+        self.split_ops = op_names(split_ops, "algo.split_ops")
+        self.min_time_ms = non_negative_number(min_time_ms, "algo.min_time_ms")
+        self.max_param_MiB = non_negative_number(max_param_MiB, "algo.max_param_MiB")
+        self.split_dim = one_of(split_dim, "algo.split_dim", SPLIT_DIMS)
+        self.rule = SplitRule(tuple(self.split_ops), self.min_time_ms, self.max_param_MiB, self.split_dim)
+        self.slot = one_of(slot, "algo.slot", SLOT_RULES)
+        # auto, 0 (exact) or the N > 0 last gaps searched per device
+        self.horizon = horizon if horizon == "auto" else non_negative_int(horizon, "algo.horizon")
+        self.eps = positive_number(eps, "algo.eps")
+        self.exact_up_to = non_negative_int(exact_up_to, "algo.exact_up_to")
+        self.auto_horizon = positive_int(auto_horizon, "algo.auto_horizon")
+        self.compiled = one_of(compiled, "algo.compiled", (None, True, False))  # null: by graph size
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "split": self.split, "split_ops": self.split_ops, "min_time_ms": self.min_time_ms,

@@ -97,7 +97,6 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-import sys
 from typing import Any
 
 import numpy as np
@@ -108,6 +107,7 @@ from algorithms.sched.levels import blevel
 from algorithms.sched.schedgraph import CommFn, SchedGraph
 from algorithms.sched.timeline import GapIndex
 from harness.core.cluster import Cluster
+from harness.core.compiled import use_compiled
 
 SLOT_RULES = ("lst", "idle")
 #: graphs of at least COMPILED_FROM nodes run compiled (algorithms/fddps_dcp_kernel.py) once the
@@ -309,11 +309,9 @@ class DCPScheduler:
         """Whether :meth:`run` takes the compiled kernel: ``compiled`` if given, else from
         :data:`COMPILED_FROM` nodes once it is loaded and :data:`COLD_FROM` before (numba's
         start-up), when the transfer costs are route tables."""
-        if self.compiled is not None:
-            return self.compiled
-        if self.routes is None:
+        if self.compiled is None and self.routes is None:
             return False
-        return self.n >= (COMPILED_FROM if "algorithms.fddps_dcp_kernel" in sys.modules else COLD_FROM)
+        return use_compiled(self.n, COMPILED_FROM, COLD_FROM, kernel="algorithms.fddps_dcp_kernel", forced=self.compiled)
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         """Place every node (Alg. 3); returns (device, start) arrays."""

@@ -45,6 +45,7 @@ import numpy as np
 
 from algorithms.layer_search import LayerSearch
 from algorithms.layer_tables import LayerCostTables
+from harness.core.checks import non_negative_number, optional, positive_int
 from harness.core.cluster import Cluster
 from harness.core.layergraph import LayerGraph
 from harness.core.strategy import Plan
@@ -141,11 +142,11 @@ class FlexFlowMCMC(LayerSearch):
                  cutoff: int | str | None = None, mapping: str | None = None, iterations: int = 100_000, beta: float = 50.0,
                  patience: int | None = None, budget_s: float | None = 600.0, progress: bool = False) -> None:
         super().__init__(name, seed=seed, space=space, product=product, cutoff=cutoff, mapping=mapping, progress=progress)
-        self.iterations = int(iterations)
-        self.beta = float(beta)
-        self.patience = patience
+        self.iterations = positive_int(iterations, "algo.iterations")
+        self.beta = non_negative_number(beta, "algo.beta")  # 0: every move accepted (a random walk)
+        self.patience = optional(positive_int, patience, "algo.patience")
+        self.budget_seconds = optional(non_negative_number, budget_s, "algo.budget_s")
         self.budget_s = budget_s  # as configured, for describe()
-        self.budget_seconds = None if budget_s is None else float(budget_s)
 
     def describe(self) -> dict[str, Any]:
         """:class:`LayerSearch`'s parameters, then ``iterations``, ``beta``, ``patience``, ``budget_s``."""

@@ -42,6 +42,26 @@ def describe_graph(rec: dict[str, Any]) -> str:
     return f"{rec.get('model') or 'a graph'} ({rec.get('nodes')} nodes" + (f", fingerprint {str(fp)[:12]})" if fp else ")")
 
 
+def plan_graph_path(p: Path, name: Any) -> Path:
+    """The file a strategy file's ``plan_graph`` names: a plain file name beside ``p`` (no
+    folder, no ``..``, not absolute), which, symbolic links followed, stays in ``p``'s folder;
+    anything else is a :class:`ReplayError`: a data file never reaches outside its own folder."""
+    if not isinstance(name, str) or not name:
+        raise ReplayError(f"strategy file {p}: 'plan_graph' must be the name of a graph file beside it, got {name!r:.60}")
+    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name or Path(name).is_absolute():
+        raise ReplayError(f"strategy file {p}: plan_graph {name!r:.80} must be a plain file name in the strategy file's own "
+                          "folder (no path, no '..'): copy the graph beside the strategy file")
+    folder = p.parent.resolve()
+    gp = p.parent / name
+    if not gp.is_file():
+        raise ReplayError(f"strategy file {p} names plan_graph {name}, but {gp} does not exist or is not a file: copy it along "
+                          "with the strategy file")
+    if gp.resolve().parent != folder:
+        raise ReplayError(f"strategy file {p}: plan_graph {name} is a link to {gp.resolve()}, outside the strategy file's folder "
+                          f"{folder}: copy the graph itself beside the strategy file")
+    return gp
+
+
 class FromFile(Algorithm):
     """Loads the strategy at ``path``, checks it against the graph and the cluster and returns it
     as the plan (no search)."""
@@ -50,6 +70,8 @@ class FromFile(Algorithm):
 
     def __init__(self, name: str = "from_file", seed: int = 0, path: str | None = None) -> None:
         super().__init__(name, seed)
+        if path is not None and not isinstance(path, (str, Path)):
+            raise ReplayError(f"algo.path must be the path of a strategy file, got {path!r:.60}")
         self.path = path
 
     def describe(self) -> dict[str, Any]:
@@ -60,7 +82,7 @@ class FromFile(Algorithm):
             raise ReplayError("algo=from_file needs the strategy to replay: add algo.path=<a job's strategy.json or one "
                               "written by hand> (docs/strategy_format.md)")
         p = Path(str(self.path))
-        if not p.is_file():
+        if not p.exists():
             raise ReplayError(f"algo.path={p}: no such strategy file; give a job's strategy.json (outputs/<date>/<time>/strategy.json) "
                               "or one written by hand (docs/strategy_format.md)")
         strategy, d = Strategy.read(p)
@@ -95,12 +117,7 @@ class FromFile(Algorithm):
     @staticmethod
     def load_plan_graph(p: Path, d: dict[str, Any]) -> tuple[OpGraph, np.ndarray | None]:
         """The plan graph a strategy file names (relative to it) and its ``plan_origin``."""
-        name = d["plan_graph"]
-        if not isinstance(name, str) or not name:
-            raise ReplayError(f"strategy file {p}: 'plan_graph' must be the name of a graph file beside it, got {name!r:.60}")
-        gp = p.parent / name
-        if not gp.is_file():
-            raise ReplayError(f"strategy file {p} names plan_graph {name}, but {gp} does not exist: copy it along with the strategy file")
+        gp = plan_graph_path(p, d["plan_graph"])
         try:
             g = OpGraph.load(gp)
         except UserError as e:

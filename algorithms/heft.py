@@ -28,6 +28,7 @@ from algorithms.sched.levels import blevel
 from algorithms.sched.orders import order_from_starts
 from algorithms.sched.schedgraph import SchedGraph, comm_fn
 from algorithms.sched.timeline import describe_timelines
+from harness.core.checks import boolean
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -41,7 +42,7 @@ class HEFT(Algorithm):
 
     def __init__(self, name: str = "heft", seed: int = 0, insertion: bool = True) -> None:
         super().__init__(name, seed)
-        self.insertion = bool(insertion)
+        self.insertion = boolean(insertion, "algo.insertion")
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "insertion": self.insertion}

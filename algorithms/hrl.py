@@ -48,6 +48,7 @@ import numpy as np
 from algorithms.base import Algorithm
 from algorithms.sched.constraints import follow_colocation
 from algorithms.sched.levels import static_costs
+from harness.core.checks import boolean, non_negative_number, number_in, optional, positive_int, positive_number
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel, op_classes
 from harness.core.graph import OpGraph
@@ -213,15 +214,17 @@ class HRL(Algorithm):
         progress: bool = False,
         environment: Environment | None = None,
     ) -> None:
-        if int(samples) < 1 or int(samples_per_step) < 1:
-            raise ValueError(f"{name}: samples and samples_per_step must be >= 1, got {samples}, {samples_per_step}")
         super().__init__(name, seed)
-        self.samples, self.k = int(samples), int(samples_per_step)
-        self.time_budget_s = None if time_budget_s is None else float(time_budget_s)
-        self.num_groups = num_groups
-        self.hidden, self.lr = int(hidden), float(lr)
-        self.bl_dec, self.failing_signal, self.grad_bound = float(baseline_decay), float(failing_signal), float(grad_bound)
-        self.progress = bool(progress)
+        self.samples = positive_int(samples, "algo.samples")
+        self.k = positive_int(samples_per_step, "algo.samples_per_step")
+        self.time_budget_s = optional(positive_number, time_budget_s, "algo.time_budget_s")
+        self.num_groups = optional(positive_int, num_groups, "algo.num_groups")
+        self.hidden = positive_int(hidden, "algo.hidden")
+        self.lr = positive_number(lr, "algo.lr")
+        self.bl_dec = number_in(baseline_decay, "algo.baseline_decay", 0.0, 1.0)
+        self.failing_signal = non_negative_number(failing_signal, "algo.failing_signal")
+        self.grad_bound = positive_number(grad_bound, "algo.grad_bound")
+        self.progress = boolean(progress, "algo.progress")
         self.environment = environment
 
     def describe(self) -> dict[str, Any]:

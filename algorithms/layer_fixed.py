@@ -27,9 +27,10 @@ import numpy as np
 
 from algorithms.base import Algorithm
 from algorithms.layer_costs import evaluate
+from harness.core.checks import one_of, optional, positive_int
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
-from harness.core.layer_shards import shard_devices
+from harness.core.layer_shards import MAPPINGS, shard_devices
 from harness.core.layergraph import LayerGraph
 from harness.core.strategy import ParallelConfig, Plan, Strategy, StrategyError
 
@@ -97,8 +98,8 @@ class _Fixed(Algorithm):
 
     def __init__(self, name: str, seed: int = 0, devices: int | None = None, mapping: str = "linear") -> None:
         super().__init__(name, seed)
-        self.devices = devices
-        self.mapping = mapping
+        self.devices = optional(positive_int, devices, "algo.devices")  # null: the cluster's
+        self.mapping = one_of(mapping, "algo.mapping", MAPPINGS)
 
     def describe(self) -> dict[str, Any]:
         """The name, the seed, ``devices`` and ``mapping``."""
@@ -107,7 +108,9 @@ class _Fixed(Algorithm):
     def plan(self, graph: LayerGraph, cluster: Cluster, costs: CostModel) -> Plan:
         if not isinstance(graph, LayerGraph):
             raise TypeError(f"{self.name} is a layer-graph strategy (graph_kind 'layer'), got {type(graph).__name__}")
-        n = cluster.num_devices if self.devices is None else int(self.devices)
+        n = cluster.num_devices if self.devices is None else self.devices
+        if n > cluster.num_devices:
+            raise StrategyError(f"algo.devices={n} is more than the {cluster.num_devices} devices of cluster {cluster.name!r}")
         strat = layer_strategy(graph, type(self).rule(graph, n), cluster.num_devices, self.mapping, algo=self.name)
         t0 = time.perf_counter()
         ev = evaluate(graph, strat, cluster, costs)

@@ -9,11 +9,14 @@ from typing import Any
 import numpy as np
 
 from algorithms.base import Algorithm
-from algorithms.layer_configs import SpaceOptions
+from algorithms.layer_configs import PRODUCTS, SPACES, SpaceOptions
 from algorithms.layer_costs import resolve_options
-from algorithms.layer_tables import LayerCostTables, cached_tables
+from algorithms.layer_fixed import SEEDS
+from algorithms.layer_tables import LayerCostTables, cached_tables, seed_strategies
+from harness.core.checks import boolean, one_of, positive_int
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
+from harness.core.layer_shards import MAPPINGS
 from harness.core.layergraph import LayerGraph
 
 
@@ -32,8 +35,11 @@ class LayerSearch(Algorithm):
     def __init__(self, name: str, seed: int = 0, space: str | None = None, product: str | None = None,
                  cutoff: int | str | None = None, mapping: str | None = None, progress: bool = False) -> None:
         super().__init__(name, seed)
-        self.space, self.product, self.cutoff, self.mapping = space, product, cutoff, mapping
-        self.progress = bool(progress)
+        self.space = one_of(space, "algo.space", (None, *SPACES))
+        self.product = one_of(product, "algo.product", (None, *PRODUCTS))
+        self.cutoff = cutoff if cutoff in (None, "auto") else positive_int(cutoff, "algo.cutoff")
+        self.mapping = one_of(mapping, "algo.mapping", (None, *MAPPINGS))
+        self.progress = boolean(progress, "algo.progress")
 
     def describe(self) -> dict[str, Any]:
         """The name, the seed and the space options as configured (``None``: the cost model's)."""
@@ -51,7 +57,10 @@ class LayerSearch(Algorithm):
         return cached_tables(lg, cluster, costs, self.options(lg, costs), self.progress)
 
     def info(self, tables: LayerCostTables, idx: np.ndarray, search_s: float, complete: bool, **extra: Any) -> dict[str, Any]:
-        """``Plan.info``: the objective, completeness and what the search reports."""
+        """``Plan.info``: the objective, completeness and what the search reports, with the
+        objective of each baseline in its space (``baseline_objectives_s``): the search promises a
+        plan no worse than those in its own objective, and the app ring checks the promise in the
+        simulated step (:mod:`harness.app.result_checks`)."""
         obj = tables.objective(idx)
         out = {
             "objective_s": obj,
@@ -66,6 +75,7 @@ class LayerSearch(Algorithm):
             "configs_total": int(tables.num_configs.sum()),
             "configs_max": int(tables.num_configs.max()),
             "moved_bytes_fwd": tables.moved_bytes(idx),
+            "baseline_objectives_s": {name: value for name, _, value in seed_strategies(tables, SEEDS)},
         }
         if tables.model == "pase":
             out["objective_flops"] = obj * float(tables.meta["peak_flops"])

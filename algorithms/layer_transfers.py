@@ -22,12 +22,12 @@ not overlap and touches only the links of the routes used: about 4x faster on 16
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from harness.core.cluster import Cluster
+from harness.core.compiled import use_compiled
 from harness.core.layer_shards import (
     ShardGrid, edge_itemsize, in_boxes, out_boxes, overlap_elements, remote_elements, resident_rule,
 )
@@ -205,7 +205,7 @@ class TransferCosts:
         for es in pending.values():
             gu, gv = grids[int(lg.src[es[0]])], grids[int(lg.dst[es[0]])]
             pairs += gu.num_configs * gu.smax * gv.num_configs * gv.smax
-        return pairs >= (COMPILED_FROM if "algorithms.layer_transfers_kernel" in sys.modules else COLD_FROM)
+        return use_compiled(pairs, COMPILED_FROM, COLD_FROM, kernel="algorithms.layer_transfers_kernel")
 
     def compute_compiled(self, e: int, gu: ShardGrid, gv: ShardGrid) -> tuple[np.ndarray, np.ndarray]:
         """t_X and forward bytes of one edge by the compiled kernel."""

@@ -41,6 +41,7 @@ from algorithms.sched.constraints import memory_split
 from algorithms.sched.etf import etf_schedule
 from algorithms.sched.levels import static_costs
 from algorithms.sched.orders import bfs_topological_order, order_from_starts, positions
+from harness.core.checks import number_in, optional, positive_number
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -123,11 +124,9 @@ class MSCT(Algorithm):
     graph_kind = "op"
 
     def __init__(self, name: str = "m_sct", seed: int = 0, threshold: float = 0.5, lp_time_limit_s: float | None = None) -> None:
-        if not 0.0 <= float(threshold) <= 1.0:
-            raise ValueError(f"{name}: threshold must be in [0, 1], got {threshold}")
         super().__init__(name, seed)
-        self.threshold = float(threshold)
-        self.lp_time_limit_s = lp_time_limit_s
+        self.threshold = number_in(threshold, "algo.threshold", 0.0, 1.0)
+        self.lp_time_limit_s = optional(positive_number, lp_time_limit_s, "algo.lp_time_limit_s")  # null: none
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "threshold": self.threshold, "lp_time_limit_s": self.lp_time_limit_s}

@@ -18,6 +18,7 @@ import numpy as np
 from algorithms.base import Algorithm
 from algorithms.sched.constraints import Colocation, SequentialFill, StaticMemory
 from algorithms.sched.orders import bfs_topological_order
+from harness.core.checks import one_of
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -33,10 +34,8 @@ class MTopo(Algorithm):
     graph_kind = "op"
 
     def __init__(self, name: str = "m_topo", seed: int = 0, coloc_memory: str = "first") -> None:
-        if coloc_memory not in COLOC_MEMORY:
-            raise ValueError(f"m_topo.coloc_memory must be 'first' or 'all', got {coloc_memory!r}")
         super().__init__(name, seed)
-        self.coloc_memory = coloc_memory
+        self.coloc_memory = one_of(coloc_memory, "algo.coloc_memory", tuple(COLOC_MEMORY))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "coloc_memory": self.coloc_memory}

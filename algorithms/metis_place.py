@@ -31,6 +31,7 @@ import numpy as np
 
 from algorithms.base import Algorithm
 from algorithms.sched.levels import static_costs
+from harness.core.checks import positive_int
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -108,11 +109,9 @@ class Metis(Algorithm):
     graph_kind = "op"
 
     def __init__(self, name: str = "metis", seed: int = 0, ufactor: int = 30, weight_scale: int = 100000) -> None:
-        if int(ufactor) < 1:
-            raise ValueError(f"{name}: ufactor must be >= 1 (thousandths of imbalance), got {ufactor}")
         super().__init__(name, seed)
-        self.ufactor = int(ufactor)
-        self.weight_scale = int(weight_scale)
+        self.ufactor = positive_int(ufactor, "algo.ufactor")  # thousandths of imbalance
+        self.weight_scale = positive_int(weight_scale, "algo.weight_scale")
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "ufactor": self.ufactor, "weight_scale": self.weight_scale}

@@ -33,6 +33,7 @@ from algorithms.base import Algorithm
 from algorithms.sched.engine import expand_group_starts, ready_list_schedule
 from algorithms.sched.orders import order_from_starts
 from algorithms.sched.schedgraph import SchedGraph, comm_fn
+from harness.core.checks import boolean, non_negative_number
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
@@ -83,13 +84,13 @@ class MPDPS(Algorithm):
     """MP-DPS: merge light operators into their consumer, then PEFT-style list scheduling."""
 
     graph_kind = "op"
+    paper = "MP-DPS (ref. [21] of FD-DPS; our reading)"
+    findings = "results/fddps/README.md"
 
     def __init__(self, name: str = "mp_dps", seed: int = 0, merge_ratio: float = 1.0, insertion: bool = True) -> None:
         super().__init__(name, seed)
-        if merge_ratio < 0:
-            raise ValueError(f"mp_dps.merge_ratio must be >= 0, got {merge_ratio}")
-        self.merge_ratio = float(merge_ratio)
-        self.insertion = bool(insertion)
+        self.merge_ratio = non_negative_number(merge_ratio, "algo.merge_ratio")
+        self.insertion = boolean(insertion, "algo.insertion")
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "merge_ratio": self.merge_ratio, "insertion": self.insertion}

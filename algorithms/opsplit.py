@@ -47,6 +47,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from algorithms.base import derived_meta
+from harness.core.errors import OptionError
 from harness.core.graph import BATCHED, PARTIAL, REPLICATED, OpGraph, edges_from_pairs
 from harness.core.kernels import GEMM, MEM, NCOLS, KernelTable
 from harness.core.precision import FP32
@@ -62,6 +63,14 @@ DEFAULT_SPLIT_OPS: tuple[str, ...] = (
 #: ops whose output channels can be split (channel split needs the kernel's output dim)
 CHANNEL_OPS: tuple[str, ...] = ("aten.convolution.default", "aten.mm.default", "aten.addmm.default")
 SPLIT_DIMS = ("auto", "batch", "channel")
+
+
+def op_names(value: Any, key: str) -> list[str]:
+    """``value`` as a list of op names (``split_ops``: ``[aten.mm.default, ...]``), else an
+    :class:`~harness.core.errors.OptionError` naming ``key``."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(x, str) and x for x in value):
+        raise OptionError(f"{key} must be a list of op names such as [aten.mm.default], got {value!r}")
+    return list(value)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ import numpy as np
 from algorithms.layer_fixed import SEEDS
 from algorithms.layer_search import LayerSearch
 from algorithms.layer_tables import LayerCostTables, seed_strategies
+from harness.core.checks import boolean, non_negative_number, optional, positive_int
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.layergraph import LayerGraph
@@ -171,10 +172,11 @@ class OptCNN(LayerSearch):
                  cutoff: int | str | None = None, mapping: str | None = None, enum_limit: int = 10_000_000,
                  budget_s: float | None = 60.0, eliminate_leaves: bool = False, progress: bool = False) -> None:
         super().__init__(name, seed, space, product, cutoff, mapping, progress)
-        self.enum_limit = int(enum_limit)
+        self.enum_limit = positive_int(enum_limit, "algo.enum_limit")
+        # 0: no time to search (the best baseline of the space); null: no budget
+        self.budget_seconds = optional(non_negative_number, budget_s, "algo.budget_s")
         self.budget_s = budget_s  # as configured, for describe()
-        self.budget_seconds = None if budget_s is None else float(budget_s)
-        self.eliminate_leaves = bool(eliminate_leaves)
+        self.eliminate_leaves = boolean(eliminate_leaves, "algo.eliminate_leaves")
 
     def describe(self) -> dict[str, Any]:
         """:class:`LayerSearch`'s parameters, then ``enum_limit``, ``budget_s``, ``eliminate_leaves``."""
@@ -308,11 +310,11 @@ class OptCNNDFS(LayerSearch):
     graph_kind = "layer"
 
     def __init__(self, name: str = "optcnn_dfs", seed: int = 0, space: str | None = None, product: str | None = None,
-                 cutoff: int | str | None = None, mapping: str | None = None, budget_s: float = 60.0,
+                 cutoff: int | str | None = None, mapping: str | None = None, budget_s: float | None = 60.0,
                  progress: bool = False) -> None:
         super().__init__(name, seed, space, product, cutoff, mapping, progress)
+        self.budget_seconds = optional(non_negative_number, budget_s, "algo.budget_s")  # null: no budget
         self.budget_s = budget_s  # as configured, for describe()
-        self.budget_seconds = float(budget_s)
 
     def describe(self) -> dict[str, Any]:
         """:class:`LayerSearch`'s parameters, then ``budget_s``."""

@@ -43,6 +43,7 @@ from algorithms.layer_fixed import SEEDS
 from algorithms.layer_search import LayerSearch
 from algorithms.layer_tables import LayerCostTables, seed_strategies
 from algorithms.pase_join import min_sum
+from harness.core.checks import non_negative_number, one_of, optional, positive_int
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.layergraph import LayerGraph
@@ -191,13 +192,12 @@ class PaSE(LayerSearch):
                  cutoff: int | str | None = None, mapping: str | None = None, max_entries: int = 1 << 28,
                  block_entries: int = 1 << 23, dtype: str = "float64", budget_s: float | None = 60.0,
                  progress: bool = False) -> None:
-        if dtype not in ("float64", "float32"):
-            raise ValueError(f"pase: dtype must be float64 or float32, got {dtype!r}")
         super().__init__(name, seed, space, product, cutoff, mapping, progress)
+        optional(non_negative_number, budget_s, "algo.budget_s")  # 0: the best baseline of the space at once
         self.budget_s = budget_s  # as configured, for describe()
-        self.max_entries = int(max_entries)
-        self.block_entries = int(block_entries)
-        self.dtype = np.dtype(dtype)
+        self.max_entries = positive_int(max_entries, "algo.max_entries")
+        self.block_entries = positive_int(block_entries, "algo.block_entries")
+        self.dtype = np.dtype(one_of(dtype, "algo.dtype", ("float64", "float32")))
 
     def describe(self) -> dict[str, Any]:
         """:class:`LayerSearch`'s parameters, then ``max_entries``, ``block_entries``, ``dtype``."""

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.compiled import use_compiled
+
 #: joins of at least this many entries take the compiled kernel (numba's start-up, about 0.5 s
 #: per process, is worth it there); smaller ones numpy
 COMPILED_FROM = 1 << 24
@@ -37,7 +39,7 @@ def min_sum(parts: list[tuple[tuple[int, ...], np.ndarray]], S: tuple[int, ...],
     minimise over v: the new factor over ``S``, as float64. ``block_entries`` bounds the join
     entries held (numpy) or taken by a thread (compiled) at a time; ``dtype`` is the
     arithmetic's (float64, or float32 for speed); ``compiled`` forces a path (None: by size)."""
-    if not (compiled if compiled is not None else math.prod(C[x] for x in S) * C[v] >= COMPILED_FROM):
+    if not use_compiled(math.prod(C[x] for x in S) * C[v], COMPILED_FROM, forced=compiled):
         return _min_sum_numpy(parts, S, v, C, block_entries, dtype)
     from numba.typed import List
 

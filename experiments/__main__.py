@@ -1,4 +1,7 @@
-"""``python -m experiments NAME [args]`` runs ``experiments/NAME.py``; ``list`` lists them."""
+"""``python -m experiments NAME [args]`` runs ``experiments/NAME.py``; ``list`` lists them.  A
+user's mistake (a :class:`~harness.core.errors.UserError`: an output directory that cannot be
+written, a config the harness refuses) ends it with one line and status 1, Ctrl-C with
+``interrupted`` and status 130."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import pkgutil
 import sys
 
 import experiments
+from harness.core.errors import UserError
 
 HELPERS = {"common"}  # modules starting with "_" are helpers too
 
@@ -30,7 +34,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown experiment {name!r}; available: {', '.join(names())}", file=sys.stderr)
         return 2
     mod = importlib.import_module(f"experiments.{name}")
-    return int(mod.main(rest) or 0)
+    try:
+        return int(mod.main(rest) or 0)
+    except UserError as e:  # a mistake in what was asked (an output dir, a config): one line
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def run_algo(graph: Any, cluster: Any, costs: Any, sim: Any, algo: Any) -> dict[
     split = info.get("split_by_target") or {}
     return {
         "step_time_s": res.step_time_s,
-        "lower_bound_s": res.lower_bound_s,
+        "plan_lower_bound_s": res.plan_lower_bound_s,
         "oom": bool(res.oom),
         "objective_s": info.get("objective_s"),
         "search_s": search_s,

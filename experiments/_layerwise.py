@@ -86,7 +86,7 @@ def run(algo: Any, pb: Problem, simulate_it: bool = True) -> dict[str, Any]:
     if simulate_it:
         res = simulate(pb.graph, plan.strategy, pb.cluster, pb.costs)
         row.update({"step_time_s": res.step_time_s, "comm_bytes": res.comm_bytes, "oom": res.oom,
-                    "peak_mem_gib": max(res.peak_memory_bytes) / 2**30, "lower_bound_s": res.lower_bound_s,
+                    "peak_mem_gib": max(res.peak_memory_bytes) / 2**30, "plan_lower_bound_s": res.plan_lower_bound_s,
                     "throughput": pb.batch / res.step_time_s})
     row["_plan"] = plan
     return row

@@ -10,11 +10,12 @@ the others still run; the exit status says whether all succeeded.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import time
 import traceback
 from pathlib import Path
+
+from experiments.common import OneLineParser, out_dir_arg
 
 #: run order: producers before the experiments that reuse their files (optcnn_fig7 writes
 #: the sweep fig8 / table4 read, pase_search_time the strategies pase_speedup reads)
@@ -45,9 +46,9 @@ def experiments() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments all", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python -m experiments all", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every experiment's quick mode, into a scratch dir")
-    ap.add_argument("--out", default=None, help="root for all outputs (default: results/, or outputs/experiments_quick with --quick)")
+    ap.add_argument("--out", default=None, type=out_dir_arg, help="root for all outputs (default: results/, or outputs/experiments_quick with --quick)")
     ap.add_argument("--only", nargs="*", default=None, help="run only these experiments")
     ap.add_argument("--skip", nargs="*", default=(), help="experiments to leave out")
     a = ap.parse_args(argv)

@@ -75,7 +75,7 @@ def run_one(name: str, algo: Any, g: Any, cl: Any, costs: Any) -> dict[str, Any]
         "fallback_nodes": info.get("fallback_nodes"),
         "adjusted_nodes": info.get("adjusted_nodes"),
         "comm_gib": res.comm_bytes / 2**30,
-        "lower_bound_s": res.lower_bound_s,
+        "plan_lower_bound_s": res.plan_lower_bound_s,
         "hrl_samples": info.get("samples") if name == "hrl" else None,
         "hrl_wall_s": info.get("wall_time_s") if name == "hrl" else None,
         "hrl_oom_samples": info.get("oom_samples") if name == "hrl" else None,
@@ -146,17 +146,26 @@ def main(argv: list[str] | None = None) -> int:
     print_table(wide, ["model"] + [f"paper_{n}" for n in TABLE3_ALGOS] + ["paper_speedup"], title="Table 3 (paper, TensorFlow on 4 x V100)")
 
     style()
+    plot_bars(pd.DataFrame(runs), names, out / f"table3{sfx}.png", sfx)
+    print(f"wrote {out / f'table3{sfx}.csv'}, {out / f'table3_runs{sfx}.csv'} and {out / f'table3{sfx}.png'}")
+    return 0
+
+
+def plot_bars(df: pd.DataFrame, names: list[str], path: Any, sfx: str) -> None:
+    """Ours beside the paper's, a bar per algorithm and model on a log axis (step times span
+    LeNet-5's microseconds to seconds), each bar labelled with its value; OOM and a model the
+    paper does not have are written where the bar would be."""
     import matplotlib.pyplot as plt
 
-    df = pd.DataFrame(runs)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=False)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=False)
     models = list(dict.fromkeys(df["model"]))
     x = np.arange(len(models))
     shown = [n for n in TABLE3_ALGOS if n in names]
     bw = 0.8 / max(len(shown), 1)
     colors = ["#1b1b1b", "#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3"]
     for ax, src in zip(axes, ["ours", "paper"]):
-        for i, n in enumerate(shown):
+        series = []
+        for n in shown:
             vals, ooms = [], []
             for m in models:
                 if src == "ours":
@@ -168,18 +177,31 @@ def main(argv: list[str] | None = None) -> int:
                     v = p[TABLE3_ALGOS.index(n)] if p else None
                     vals.append(v if v is not None else np.nan)
                     ooms.append(p is not None and v is None)
-            vals_a = np.array(vals, dtype=float)
-            ax.bar(x + (i - len(shown) / 2 + 0.5) * bw, np.where(ooms, np.nan, vals_a), bw, label=n, color=colors[i % len(colors)], edgecolor="black")
-            for xi, oom in zip(x + (i - len(shown) / 2 + 0.5) * bw, ooms):
+            series.append((n, np.where(ooms, np.nan, np.array(vals, dtype=float)), ooms))
+        finite = np.concatenate([v[np.isfinite(v) & (v > 0)] for _, v, _ in series] or [np.array([])])
+        lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (1e-3, 1.0)
+        floor = 10 ** np.floor(np.log10(lo / 2))
+        ax.set_yscale("log")
+        for i, (n, v, ooms) in enumerate(series):
+            xs = x + (i - len(shown) / 2 + 0.5) * bw
+            ax.bar(xs, v - floor, bw, bottom=floor, label=n, color=colors[i % len(colors)], edgecolor="black")
+            for xi, vi, oom in zip(xs, v, ooms):
                 if oom:
-                    ax.text(xi, 0.0, "OOM", rotation=90, ha="center", va="bottom", fontsize=6)
+                    ax.text(xi, floor * 1.15, "OOM", rotation=90, ha="center", va="bottom", fontsize=6)
+                elif np.isfinite(vi):
+                    ax.text(xi, vi * 1.1, f"{vi:.3g}", rotation=90, ha="center", va="bottom", fontsize=5.5)
+        if src == "paper":
+            for xi, m in zip(x, models):
+                if m not in PAPER_TABLE3:
+                    ax.text(xi, floor * 1.5, "not in the paper", ha="center", va="bottom", fontsize=7, rotation=90)
+        ax.set_ylim(floor, hi * 8)
+        ax.set_xlim(-0.5, len(models) - 0.5)
         ax.set_xticks(x, models, rotation=15)
-        ax.set_ylabel("step time (s)")
+        ax.set_ylabel("step time (s, log scale)")
         ax.set_title("ours (simulated, calibrated costs)" if src == "ours" else "paper (Table 3)")
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, ncol=4, loc="upper right")
     fig.suptitle("Celeritas Table 3: single-step time on 4 devices (OOM = out of memory)"
                  + (" - gradients co-located with their forward module" if sfx else ""))
     fig.tight_layout()
-    fig.savefig(out / f"table3{sfx}.png")
-    print(f"wrote {out / f'table3{sfx}.csv'}, {out / f'table3_runs{sfx}.csv'} and {out / f'table3{sfx}.png'}")
-    return 0
+    fig.savefig(path)
+    plt.close(fig)

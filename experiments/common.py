@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import yaml
 
 from harness.app.compose import CONF
+from harness.core.errors import OutputError
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -72,12 +73,37 @@ def model_overrides(name: str, batch: int | None = None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- command line
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line (``error: PROG: argument --out: ...``, status 2)
+    instead of the usage and the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (--help lists the options)\n")
+
+
+def model_names() -> list[str]:
+    """Every model of ``conf/model`` (what ``--models`` may name)."""
+    return sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+
+
 def parse_model(spec: str) -> tuple[str, int | None]:
-    """``NAME[:BATCH]`` -> (name, batch or None)."""
+    """``NAME[:BATCH]`` -> (name, batch or None); NAME must be a model of ``conf/model``."""
     name, sep, batch = spec.partition(":")
     if not name or (sep and not (batch.isdigit() and int(batch) > 0)):
         raise argparse.ArgumentTypeError(f"{spec!r} is not NAME or NAME:BATCH (a positive batch size)")
+    if name not in model_names():
+        raise argparse.ArgumentTypeError(f"unknown model {name!r}: the models (conf/model) are {', '.join(model_names())}")
     return name, int(batch) if sep else None
+
+
+def out_dir_arg(value: str) -> str:
+    """The argparse ``type`` of ``--out``: a directory, existing or not; an empty one (which would
+    mean the default, results/ among them) or a file is refused."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty --out names no directory: give one, or leave --out out for the default")
+    if Path(value).exists() and not Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f"--out {value} is a file, not a directory: give a directory")
+    return value
 
 
 def _model_spec(batch: str | None) -> Callable[[str], str]:
@@ -96,17 +122,17 @@ def experiment_args(name: str, doc: str | None, topic: str, *, quick: str, model
 
     * ``--quick``: small settings (seconds) -- ``quick`` says which -- into the scratch dir;
     * ``--out DIR``: where to write (:func:`output_dir`: default ``results/<topic>``, with
-      ``--quick`` ``outputs/experiments_quick/<topic>``);
+      ``--quick`` ``outputs/experiments_quick/<topic>``; an empty DIR or a file is refused, so
+      ``--out ''`` never falls back to the committed results/);
     * ``--models NAME[:BATCH] ...`` when ``models`` is given (it describes the default list):
       the models to run instead of the default, an explicit list winning over ``--quick``'s;
       ``batch`` says what a NAME without ``:BATCH`` runs at, None where the experiment sets
       batch sizes otherwise (a ``:BATCH`` is then an error).  :func:`models_of` resolves it.
     """
-    ap = argparse.ArgumentParser(prog=f"python -m experiments {name}", description=doc,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=f"python -m experiments {name}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.set_defaults(topic=topic)
     ap.add_argument("--quick", action="store_true", help=f"{quick}; into outputs/experiments_quick/{topic} unless --out")
-    ap.add_argument("--out", default=None, metavar="DIR",
+    ap.add_argument("--out", default=None, metavar="DIR", type=out_dir_arg,
                     help=f"output dir (default results/{topic}; --quick: outputs/experiments_quick/{topic})")
     if models is not None:
         what = "NAME[:BATCH]" if batch is not None else "NAME"
@@ -131,10 +157,17 @@ def output_dir(args: argparse.Namespace, *parts: str) -> Path:
     arguments: ``--out`` when given; else, for a smoke run (``--quick``), the scratch directory
     ``outputs/experiments_quick/<parts>``; else the committed ``results/<parts>``.  A committed
     artefact thus changes only when its full run is asked for.  ``parts`` default to the topic
-    of :func:`experiment_args`."""
+    of :func:`experiment_args`.  An ``--out`` given but empty is refused (it is not "the default"),
+    and a directory that cannot be made is an :class:`OutputError` naming it."""
     parts = parts or (args.topic,)
+    if args.out is not None and not str(args.out).strip():
+        raise OutputError("an empty --out names no directory: give one, or leave --out out for the default")
     p = Path(args.out) if args.out else (SCRATCH if args.quick else RESULTS).joinpath(*parts)
-    p.mkdir(parents=True, exist_ok=True)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or str(e)
+        raise OutputError(f"cannot write the output directory {p} ({'--out' if args.out else 'the default'}): {why}") from e
     return p
 
 

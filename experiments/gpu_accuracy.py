@@ -16,6 +16,15 @@ published GPU count, under the calibrated and the analytical cost model.  The ou
 
 Published figures stand in their own column, labelled with their source; every simulated
 figure is computed here.  A row the zoo cannot express is listed with the reason.
+
+The CSVs keep the precision the computation supports (:func:`write_csv`): a figure computed
+here to 4 significant digits, an error fraction to 3 decimals (0.1 percentage point); the
+published figures as published.  The last bits of a float differ between CPUs and BLAS builds
+(numpy's vectorised exp and log, the least-squares fits), so a re-run on another x86-64
+machine writes the same throughput, scaling, batch-cost and kernel-fit tables unless a figure
+lies within that noise of a rounding boundary.  ``fit_seeds.csv`` and ``fit_spread.csv`` come
+from kernel tables refitted on the machine, which move more: a refitted table's ratios moved
+by up to 3e-4 between two x86-64 VMs, so their fourth digits may differ.
 """
 
 from __future__ import annotations
@@ -220,6 +229,35 @@ def _workload_key(row_id: str) -> str:
     return re.sub(r"^(p100|v100)(x\d+(nvl)?)?_", "", row_id).rsplit("_b", 1)[0]
 
 
+#: significant digits of a figure computed here (throughput, ratio, efficiency, time) in the CSVs
+SIG_DIGITS = 4
+#: decimals of an error fraction (|predicted / measured - 1|) in the CSVs: 0.1 percentage point,
+#: far above the 1e-5 a refit of the kernel tables moves it by between machines
+ERROR_DECIMALS = 3
+#: columns written as read (the published figures)
+AS_READ = ("published",)
+
+
+def rounded(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every float column computed here rounded: an error fraction (a column named
+    ``*_error`` or ``worst``) to :data:`ERROR_DECIMALS` decimals, any other figure to
+    :data:`SIG_DIGITS` significant digits; the :data:`AS_READ` columns untouched."""
+    out = df.copy()
+    for c in out.columns:
+        if c in AS_READ or not pd.api.types.is_float_dtype(out[c]):
+            continue
+        if str(c).endswith("_error") or c == "worst":
+            out[c] = out[c].round(ERROR_DECIMALS)
+        else:
+            out[c] = [float(f"{v:.{SIG_DIGITS}g}") if math.isfinite(v) else v for v in out[c].to_numpy(dtype=float)]
+    return out
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> None:
+    """Write a table with its figures :func:`rounded` to the precision the computation supports."""
+    rounded(df).to_csv(path, index=False)
+
+
 def kernel_fit_errors(refit: bool) -> pd.DataFrame:
     """The kernel fit's errors per device, precision, class and split: refitted here (every
     split, and the all-reduce's leave-one-out), or, ``refit=False``, the held-out errors the
@@ -364,7 +402,12 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame
         "# GPU accuracy: simulated against published training throughput",
         "",
         f"Written by `python -m experiments gpu_accuracy{' --quick' if quick else ''}` "
-        + ("(seconds)." if quick else "(3-4 minutes on 2 cores, the refits of `--fit-seeds` included)."),
+        + ("(seconds)." if quick else "(minutes, the refits of `--fit-seeds` included: 4.3 measured on a quiet 2-core "
+                                      "development VM, 8.7 on a busy 2-core AMD EPYC VM)."),
+        "The CSVs hold each computed figure to 4 significant digits and each error fraction to 3 decimals (the published",
+        "figures as published): a re-run on another x86-64 machine gives the same tables unless a figure lies within its",
+        "last-bit noise (CPU, BLAS) of a rounding boundary, but for `fit_seeds.csv` and `fit_spread.csv`, from kernel tables",
+        "refitted on the machine, whose fourth digits may differ (up to 3e-4 between two VMs).",
         "Published figures are others' measurements, each with its source in `throughput.csv`;",
         "every simulated figure is this harness's (`costs=calibrated`, the default, and `costs=analytical`).",
         "",
@@ -453,16 +496,16 @@ def main(argv: list[str] | None = None) -> int:
     sc = scaling_table(tp)
     bt = batch_table(tp)
     kf = kernel_fit_errors(refit=not a.quick)
-    tp.to_csv(out / "throughput.csv", index=False)
-    sc.to_csv(out / "scaling.csv", index=False)
-    bt.to_csv(out / "batch_cost.csv", index=False)
-    kf.to_csv(out / "kernel_fit.csv", index=False)
+    write_csv(tp, out / "throughput.csv")
+    write_csv(sc, out / "scaling.csv")
+    write_csv(bt, out / "batch_cost.csv")
+    write_csv(kf, out / "kernel_fit.csv")
     plot(tp, out / "predicted_vs_published.png")
     fit_lines: list[str] = []
     if seeds:
         per_seed, rng = fit_spread(pub, tp, seeds)
-        per_seed.to_csv(out / "fit_seeds.csv", index=False)
-        rng.to_csv(out / "fit_spread.csv", index=False)
+        write_csv(per_seed, out / "fit_seeds.csv")
+        write_csv(rng, out / "fit_spread.csv")
         fit_lines = readme_lines(per_seed, rng)
     write_readme(out, tp, sc, bt, kf, a.quick, fit_lines)
     print_table(tp.to_dict("records"), ["id", "published", "calibrated_sim", "calibrated_ratio", "analytical_ratio"],

@@ -52,7 +52,8 @@ def run_cell(overrides: Sequence[str]) -> dict[str, Any]:
     r = res.row
     return {
         "batch": r["batch_size"], "devices": r["num_devices"], "step_time_s": r["step_time_s"], "bound_s": bound,
-        "vs_bound": r["step_time_s"] / bound if bound > 0 else float("nan"), "own_lower_bound_s": r["lower_bound_s"],
+        "vs_bound": r["step_time_s"] / bound if bound > 0 else float("nan"), "lower_bound_s": r["lower_bound_s"],
+        "plan_lower_bound_s": r["plan_lower_bound_s"],
         "search_s": r["search_seconds"], "oom": r["oom"], "comm_bytes": r["comm_bytes"],
         "search_complete": r.get("search_complete", True), "graph_nodes": r["graph_nodes"],
     }
@@ -75,10 +76,16 @@ def _capture_all(models: Sequence[tuple[str, int | None]], clusters: Sequence[st
                 pass
 
 
+#: how a cell without a ratio is painted (face colour, hatch), never a shade of the scale
+NO_RATIO = {"OOM": ("#f2c14e", "////"), "T": ("#9ecae1", "...."), "E": ("#f4a6a6", "xxxx")}
+LEGEND = {"OOM": "OOM: does not fit in memory", "T": "T: timeout", "E": "E: error"}
+
+
 def heatmap(df: pd.DataFrame, path: Path) -> None:
     """Rows: model @ cluster; columns: algorithms; shade: log2(step / bound); text: the ratio or OOM/T/E."""
     style()
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
 
     rows = sorted({(r.model, r.cluster) for r in df.itertuples()}, key=lambda x: (x[1], x[0]))
     cols = sorted(df["algo"].unique())
@@ -95,6 +102,12 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
             txt[i][j] = f"{r.vs_bound:.1f}" if r.vs_bound < 100 else f"{r.vs_bound:.0f}"
     fig, ax = plt.subplots(figsize=(max(7.0, 2.5 + 0.55 * len(cols)), 1.6 + 0.3 * len(rows)))
     im = ax.imshow(val, cmap="Greys", aspect="auto", vmin=0, vmax=np.nanmax(val) if np.isfinite(val).any() else 1)
+    # cells without a ratio are painted apart from the scale, whose best end is white
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if txt[i][j] in NO_RATIO:
+                face, hatch = NO_RATIO[txt[i][j]]
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=face, hatch=hatch, edgecolor="#7a5a00", linewidth=0))
     for i in range(len(rows)):
         for j in range(len(cols)):
             shade = val[i][j]
@@ -104,7 +117,12 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     ax.set_yticks(range(len(rows)), [f"{m} @ {c}" for m, c in rows], fontsize=7)
     ax.grid(False)
     fig.colorbar(im, ax=ax, label="log2(step time / (W / D))", shrink=0.6)
-    ax.set_title("step time / ideal W/D (lower is better); OOM; T: timeout; E: error", fontsize=8)
+    shown = {t for line in txt for t in line} & set(NO_RATIO)
+    if shown:
+        ax.legend(handles=[Patch(facecolor=NO_RATIO[t][0], hatch=NO_RATIO[t][1], edgecolor="#7a5a00", label=LEGEND[t])
+                           for t in NO_RATIO if t in shown],
+                  loc="upper left", bbox_to_anchor=(1.0, -0.02), fontsize=7, frameon=False)
+    ax.set_title("step time / ideal W/D (lower is better, white = best); OOM; T: timeout; E: error", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -203,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(args)
     if a.from_csv:
+        if not Path(a.from_csv).is_file():
+            print(f"error: --from-csv {a.from_csv} is not a file: give a leaderboard.csv", file=sys.stderr)
+            return 1
         out = Path(a.out) if a.out else Path(a.from_csv).parent
+        out.mkdir(parents=True, exist_ok=True)
         best = render(pd.read_csv(a.from_csv), out, a.command or "python -m experiments leaderboard")
         print(f"wrote {out}/best.csv, heatmap.png, README.md ({len(best)} settings)")
         return 0

@@ -2,10 +2,15 @@
 
 For each small model the ops are first profiled on this CPU at one thread (the thread count
 of a cpu2 rank) at the batch sizes the strategies need (B and B/2), into the profile
-directory of cpu2's device kind.  By default each op is timed *in situ* (its call inside whole
-steps, ``harness.app.profile mode=in_situ``, filed under ``<out>/profiles``): timed in isolation
-(``--profile-mode isolated``, the profiles of results/profiles) an op runs on warm caches and
-the steps of these small models come out short on a single device.  Then, for each
+directory of this CPU (:func:`harness.core.machine.cpu_kind`), which must be cpu2's device kind:
+cpu2's figures are measured on the CPU it names (``python -m harness.calibrate --threads 1
+--write``), and on another CPU the run is refused before any work, in one line that says so.
+``--quick`` checks the pipeline, not the accuracy: on another CPU it runs cpu2 as this CPU with
+the other one's communication figures, and its README says so.  By default each op is timed
+*in situ* (its call inside whole steps, ``harness.app.profile mode=in_situ``, filed under
+``<out>/profiles``): timed in isolation (``--profile-mode isolated``, the profiles of
+results/profiles) an op runs on warm caches and the steps of these small models come out short
+on a single device.  Then, for each
 algorithm whose plan can run for real (operator placements and data parallelism on the
 captured graph), ``python -m harness cluster=cpu2 costs=profiled sim=realrun`` is run: the
 event simulator gives the simulated step time, the two pinned gloo ranks the measured one
@@ -104,8 +109,8 @@ def _comm_summary(c: Any) -> str:
 
 
 def profile_model_once(src: Any, profile_root: Path, kind: str, reps: int, warmup: int, mode: str) -> pd.DataFrame:
-    """Profile one model at B and B/2 on this CPU at one thread, file it under cpu2's device
-    kind in ``profile_root`` and return it."""
+    """Profile one model at B and B/2 on this CPU at one thread, file it under this CPU's device
+    kind ``kind`` in ``profile_root`` and return it."""
     from harness.app.profile import profile_model
     from harness.core.profiled import profile_dir_for
 
@@ -123,13 +128,13 @@ def median_profile(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return df
 
 
-def _check_kind(kind: str) -> None:
-    from harness.core.machine import device_name
+def calibrated_elsewhere(cpu2: Any) -> str | None:
+    """cpu2's device kind when it names another CPU than this one (its figures were calibrated
+    there), else None."""
+    from harness.core.machine import foreign_cpu
 
-    here = device_name("cpu", 1)
-    if here != kind:
-        warnings.warn(f"this CPU profiles as {here!r} but cpu2's device kind is {kind!r}: run `python -m harness.calibrate --write` "
-                      "on this machine first; the profiles are filed under cpu2's kind anyway", stacklevel=3)
+    kind = cpu2.devices[0].spec.kind
+    return kind if foreign_cpu(kind) is not None else None
 
 
 def busy_model(cluster: Any) -> Any | None:
@@ -148,18 +153,19 @@ def _has_interleaved(ok: pd.DataFrame) -> bool:
     return "interleaved_error" in ok and bool(ok["interleaved_error"].notna().any())
 
 
-def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, steps: int, warmup: int, interleave: bool = True) -> dict[str, Any]:
-    """One (model, algorithm) on cpu2: simulated (profiled and analytical costs) and measured;
-    with ``interleave``, also simulated with the profile the ranks took between the measured
-    steps (``sim.interleave_profile``)."""
+def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, steps: int, warmup: int, interleave: bool = True,
+             cluster: list[str] | None = None) -> dict[str, Any]:
+    """One (model, algorithm) on cpu2 (with the ``cluster`` overrides): simulated (profiled and
+    analytical costs) and measured; with ``interleave``, also simulated with the profile the
+    ranks took between the measured steps (``sim.interleave_profile``)."""
     from harness.core.costs import AnalyticalCostModel
     from harness.app.run import run
     from simulators.realrun import RealRunError
     from simulators.simulate import simulate
 
-    cfg = compose([*overrides, f"algo={algo}", "cluster=cpu2", "costs=profiled", f"costs.profile_dir={profile_root}", "sim=realrun",
-                   f"sim.interleave_profile={str(interleave).lower()}", f"sim.steps={steps}", f"sim.warmup={warmup}", "output.gantt=false",
-                   "output.trace=false", "output.worth=false"])
+    cfg = compose([*overrides, f"algo={algo}", "cluster=cpu2", *(cluster or []), "costs=profiled", f"costs.profile_dir={profile_root}",
+                   "sim=realrun", f"sim.interleave_profile={str(interleave).lower()}", f"sim.steps={steps}", f"sim.warmup={warmup}",
+                   "output.gantt=false", "output.trace=false", "output.worth=false"])
     row: dict[str, Any] = {"model": model, "algo": algo}
     try:
         with warnings.catch_warnings():
@@ -268,7 +274,9 @@ def write_outputs(df: pd.DataFrame, out: Path, meta: dict[str, Any]) -> pd.DataF
         f"(sim=realrun, idle spinners on the ranks' cores; the profiler and the ranks keep the memory they free, steady_malloc). {meta['repeats']} rounds: in each, every model is profiled and its cases planned, simulated",
         "and run right after with that profile; a row is the round with the median error (its own measured and simulated times).",
         f"Load average before / after: {meta['load_before']} / {meta['load_after']} ({meta['date']}).",
-        f"cpu2's communication figures (`python -m harness.calibrate --write`): {meta.get('comm', 'n/a')}.",
+        f"cpu2's communication figures (`python -m harness.calibrate --write`): {meta.get('comm', 'n/a')}"
+        + (f" - measured on another CPU ({meta['calibrated_on']}): cpu2 ran as this CPU with them, a check of the pipeline only."
+           if meta.get("calibrated_on") else "."),
         "Error = simulated / measured - 1, in the style of OptCNN Table 4 and Celeritas Table 5.",
         "",
         "Interleaved = the same plan simulated with its ops' times profiled *during* the run: after every measured step one",
@@ -339,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"measure nothing: recompute the per-model rank summary from <out>/sim_accuracy.csv into <out>/{RANKS_CSV} "
                          "and its section of <out>/README.md (writes nothing else, nowhere else)")
     a = ap.parse_args(argv)
+    from harness.core.machine import cpu_kind, cpu_kind_override
+
+    cpu2 = _cpu2()
+    kind = cpu_kind(1)  # what this run measures is filed under this CPU's name
+    elsewhere = calibrated_elsewhere(cpu2)
+    if elsewhere and not (a.quick or a.summarize_only):
+        ap.error(f"cpu2 was calibrated on {elsewhere!r}, not on this machine's {kind!r}: run `python -m harness.calibrate --threads 1 "
+                 "--write` here first (--quick checks the pipeline on any machine)")
     out = output_dir(a)
     if a.summarize_only:
         other = [f"--{k.replace('_', '-')}" for k, v in vars(a).items() if k not in ("summarize_only", "out") and v != ap.get_default(k)]
@@ -365,16 +381,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
     root = Path(a.profile_dir) if a.profile_dir else (CONF.parent / "results" / "profiles" if a.profile_mode == "isolated" and not a.quick
                                                       else out / "profiles")
-    cpu2 = _cpu2()
-    kind = cpu2.devices[0].spec.kind
+    cluster = [cpu_kind_override(1)] if elsewhere else []
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
     from harness.app.profile import write_profile
     from harness.core.profiled import profile_dir_for
     from harness.app.run import build
 
-    if not a.no_profile:
-        _check_kind(kind)
     srcs = {m: build(compose(overrides[m]))[0] for m in models}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {(m, algo): [] for m in models for algo in algos}
     profiles: dict[str, list[pd.DataFrame]] = {m: [] for m in models}
@@ -390,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                     bar.update()
                 for algo in algos:
                     if not runs[(m, algo)] or runs[(m, algo)][0]["status"] == "ok":
-                        runs[(m, algo)].append(run_case(m, overrides[m], algo, rroot, a.steps, a.warmup, not a.no_interleave))
+                        runs[(m, algo)].append(run_case(m, overrides[m], algo, rroot, a.steps, a.warmup, not a.no_interleave, cluster))
                     bar.update()
     for m, frames in profiles.items():  # the committed profiles: the median of the rounds', node by node
         if frames:
@@ -401,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python -m experiments sim_accuracy" + (" --quick" if a.quick else "") + (f" --profile-mode {a.profile_mode}" if a.profile_mode != "in_situ" else "")
     meta = {"cpu": cpu_model(), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup, "load_before": load_before, "mode": a.profile_mode,
             "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()), "date": _dt.date.today().isoformat(), "command": cmd, "repeats": a.repeats,
-            "comm": _comm_summary(cpu2)}
+            "comm": _comm_summary(cpu2), "calibrated_on": elsewhere}
     summary = write_outputs(df, out, meta)
     ok = df[df["status"] == "ok"]
     if len(ok):

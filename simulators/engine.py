@@ -20,11 +20,11 @@
 from __future__ import annotations
 
 import heapq
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
+from harness.core.compiled import use_compiled
 from simulators.taskgraph import COMPUTE, TaskGraph
 
 MODES = ("strict", "priority", "ready")
@@ -67,7 +67,7 @@ def warm_up() -> None:
 
 def _compiled_by_default(num_tasks: int) -> bool:
     """Whether a task graph of ``num_tasks`` runs compiled when the caller does not say."""
-    return num_tasks >= (COMPILED_FROM if "simulators.engine_loop" in sys.modules else COLD_FROM)
+    return use_compiled(num_tasks, COMPILED_FROM, COLD_FROM, kernel="simulators.engine_loop")
 
 
 def run(tg: TaskGraph, num_devices: int, num_links: int, mode: str = "strict", compiled: bool | None = None) -> EngineResult:

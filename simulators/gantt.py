@@ -74,7 +74,7 @@ def plot_gantt(sim: SimResult, path: str | Path, max_links: int = 16, title: str
     _draw_sim(ax, sim, max_links, scale)
     ax.set_xlabel(f"time ({unit})")
     ax.set_xlim(0, max(sim.step_time_s * scale, 1e-9))
-    ax.axvline(sim.lower_bound_s * scale, color="black", linestyle=":", linewidth=1)
+    ax.axvline(sim.plan_lower_bound_s * scale, color="black", linestyle=":", linewidth=1)
     _legend(ax)
     ax.set_title(title or f"step {sim.step_time_s * scale:.3g} {unit}")
     fig.tight_layout()
@@ -104,7 +104,7 @@ def plot_measured_gantt(sim: SimResult, path: str | Path, max_links: int = 4, ti
     fig, (top, bot) = plt.subplots(2, 1, sharex=True, figsize=(12, 2.0 + 0.35 * (n_sim + len(ranks))),
                                    gridspec_kw={"height_ratios": [n_sim + 1, len(ranks) + 1]})
     _draw_sim(top, sim, max_links, scale)
-    top.axvline(sim.lower_bound_s * scale, color="black", linestyle=":", linewidth=1)
+    top.axvline(sim.plan_lower_bound_s * scale, color="black", linestyle=":", linewidth=1)
     top.set_title(title or f"simulated {sim.step_time_s * scale:.3g} {unit}", fontsize=9)
     _legend(top, measured=True)
     kind, phase = tl["kind"], np.asarray(tl["node_phase"])

@@ -32,11 +32,11 @@ parameter shared by r layers) are resident all step on every device holding a pa
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
 from harness.core.cluster import Cluster
+from harness.core.costs import CostModel
 from harness.core.graph import BACKWARD, FORWARD
 from harness.core.layer_shards import (
     OUTPUT,
@@ -128,11 +128,11 @@ def _groups(grid: ShardGrid, dims_mask: np.ndarray) -> list[list[int]]:
     return [np.flatnonzero(gid == g).tolist() for g in range(int(gid.max()) + 1)]
 
 
-def build_layer_taskgraph(lg: LayerGraph, strategy: Strategy, cluster: Cluster, costs: Any) -> TaskGraph:
+def build_layer_taskgraph(lg: LayerGraph, strategy: Strategy, cluster: Cluster, costs: CostModel) -> TaskGraph:
     """Expand a validated layer-graph strategy into the engine's task graph (see the module docstring)."""
     n = lg.num_nodes
     D = cluster.num_devices
-    sync = getattr(costs, "sync", "ring")
+    sync = costs.sync
     dims, degs, devs = strategy_rows(lg, strategy, D)
     grids = [make_grid(lg, v, dims[v], degs[v], devs[v]) for v in range(n)]
     share = sync_bytes(lg)

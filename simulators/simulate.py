@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from harness.core.checks import known_keys, one_of
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
+from harness.core.errors import OptionError
 from harness.core.graph import PHASES, OpGraph
 from harness.core.layergraph import LayerGraph
 from harness.core.strategy import Strategy
@@ -22,15 +24,17 @@ from simulators.taskgraph import COLLECTIVE, COMPUTE, TASK_KINDS, TRANSFER, Task
 class SimResult:
     """What one simulated training step gives.
 
-    ``lower_bound_s`` = max(critical path of the plan's compute tasks with communication
-    free, total compute / number of devices): no schedule of this plan on this cluster can
-    beat it, so ``step_time_s / lower_bound_s - 1`` is the gap left to any scheduler.
+    ``plan_lower_bound_s`` = max(critical path of the plan's compute tasks with communication
+    free, the plan's total compute / number of devices): no schedule of *this plan* on this
+    cluster can beat it, so ``step_time_s / plan_lower_bound_s - 1`` is the gap left to any
+    scheduler of it.  It depends on the plan (its splits, its graph); the problem's bound, the
+    same for every plan, is the app ring's (``harness.app.bounds``, ``lower_bound_s`` in result.json).
     """
 
     step_time_s: float
-    lower_bound_s: float
-    critical_path_s: float
-    work_bound_s: float
+    plan_lower_bound_s: float
+    plan_critical_path_s: float
+    plan_work_bound_s: float
     device_busy_s: list[float]
     peak_memory_bytes: list[int]
     mem_capacity_bytes: list[int]
@@ -53,17 +57,18 @@ class SimResult:
     interleaved_costs: Any = field(default=None, repr=False)
 
     @property
-    def gap(self) -> float:
-        return self.step_time_s / self.lower_bound_s - 1.0 if self.lower_bound_s > 0 else 0.0
+    def plan_gap(self) -> float:
+        """The step over the plan's bound, minus 1."""
+        return self.step_time_s / self.plan_lower_bound_s - 1.0 if self.plan_lower_bound_s > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         """The numbers that go into result.json."""
         return {
             "step_time_s": self.step_time_s,
-            "lower_bound_s": self.lower_bound_s,
-            "critical_path_s": self.critical_path_s,
-            "work_bound_s": self.work_bound_s,
-            "gap_to_bound": self.gap,
+            "plan_lower_bound_s": self.plan_lower_bound_s,
+            "plan_critical_path_s": self.plan_critical_path_s,
+            "plan_work_bound_s": self.plan_work_bound_s,
+            "plan_gap_to_bound": self.plan_gap,
             "oom": self.oom,
             "oom_devices": self.oom_devices,
             "comm_bytes": self.comm_bytes,
@@ -155,9 +160,9 @@ def simulate(graph: OpGraph | LayerGraph, strategy: Strategy, cluster: Cluster, 
     kinds = np.bincount(tg.kind, minlength=3)
     return SimResult(
         step_time_s=float(tl.makespan),
-        lower_bound_s=max(tl.critical_path, work_bound),
-        critical_path_s=float(tl.critical_path),
-        work_bound_s=work_bound,
+        plan_lower_bound_s=max(float(tl.critical_path), work_bound),
+        plan_critical_path_s=float(tl.critical_path),
+        plan_work_bound_s=work_bound,
         device_busy_s=tl.busy.tolist(),
         peak_memory_bytes=tl.peak_mem.tolist(),
         mem_capacity_bytes=cap.tolist(),
@@ -173,13 +178,31 @@ def simulate(graph: OpGraph | LayerGraph, strategy: Strategy, cluster: Cluster, 
     )
 
 
+@runtime_checkable
+class SimulatorBackend(Protocol):
+    """What a ``conf/sim`` file's ``_target_`` builds: a callable that turns a plan into a
+    :class:`SimResult` (a backend may add its own figures to ``SimResult.extras``)."""
+
+    def __call__(self, graph: OpGraph | LayerGraph, strategy: Strategy, cluster: Cluster, costs: CostModel) -> SimResult:
+        ...
+
+
+@runtime_checkable
+class ExecutingBackend(SimulatorBackend, Protocol):
+    """A backend that executes the plan for real (``sim=realrun``): ``harness.run`` captures the
+    graph with its fx module and binds the model source (and the seed and graph options) to it
+    before calling it, so that it can build real parameters and batches."""
+
+    def bind(self, source: Any, seed: int = 0, graph_cfg: dict[str, Any] | None = None) -> None:
+        ...
+
+
 class EventSimulator:
     """``sim=default``: the discrete-event simulator as a pluggable backend."""
 
     def __init__(self, order: str = "strict", **params: Any) -> None:
-        if order not in engine.MODES:
-            raise ValueError(f"sim.order must be one of {engine.MODES}, got {order!r}")
-        self.order = order
+        known_keys(params, ("order",), "sim", OptionError)  # a misspelt key: one line with the key it meant
+        self.order = one_of(order, "sim.order", engine.MODES, OptionError)
         self.params = params
 
     def __call__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, costs: CostModel) -> SimResult:

@@ -21,10 +21,10 @@ if "HARNESS_CACHE_DIR" not in os.environ:
 
     os.environ["HARNESS_CACHE_DIR"] = tempfile.mkdtemp(prefix="harness-graph-cache-")
 
-from harness.core.cluster import Cluster
-from harness.core.costs import AnalyticalCostModel
-from harness.core.graph import OpGraph
-from tests.helpers import IMG, LABEL, Tiny, make_cluster
+from harness.core.cluster import Cluster  # noqa: E402 - after HARNESS_CACHE_DIR is set
+from harness.core.costs import AnalyticalCostModel  # noqa: E402 - after HARNESS_CACHE_DIR is set
+from harness.core.graph import OpGraph  # noqa: E402 - after HARNESS_CACHE_DIR is set
+from tests.helpers import IMG, LABEL, Tiny, make_cluster  # noqa: E402 - after HARNESS_CACHE_DIR is set
 
 
 @pytest.fixture

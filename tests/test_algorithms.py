@@ -23,7 +23,7 @@ def test_valid_strategy_and_simulates(algo, tiny_graph):
     plan = algo.plan(tiny_graph, cl, costs)
     plan.strategy.validate(plan.graph, cl.num_devices)
     res = simulate(plan.graph, plan.strategy, cl, costs)
-    assert res.step_time_s > 0 and res.step_time_s >= res.lower_bound_s * (1 - 1e-9)
+    assert res.step_time_s > 0 and res.step_time_s >= res.plan_lower_bound_s * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("algo", [RoundRobin(), MTopo()], ids=lambda a: a.name)

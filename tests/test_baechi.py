@@ -35,7 +35,7 @@ def test_valid_strategy_colocation_and_simulation(algo, tiny_graph):
     for members in tiny_graph.coloc_groups():
         assert len(set(plan.strategy.device[members].tolist())) == 1
     res = simulate(tiny_graph, plan.strategy, cl, costs)
-    assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9)
+    assert res.step_time_s >= res.plan_lower_bound_s * (1 - 1e-9)
     assert algo.plan(tiny_graph, cl, costs).strategy == plan.strategy  # deterministic
 
 

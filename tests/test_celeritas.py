@@ -215,7 +215,7 @@ def test_plan_is_valid_follows_colocation_and_replays_in_the_simulator(tiny_grap
         for members in tiny_graph.coloc_groups():
             assert len(set(plan.strategy.device[members].tolist())) == 1
         res = simulate(tiny_graph, plan.strategy, cl, costs)
-        assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9)
+        assert res.step_time_s >= res.plan_lower_bound_s * (1 - 1e-9)
         assert plan.info["coarse_nodes"] <= tiny_graph.num_nodes
 
 

@@ -55,4 +55,4 @@ def test_valid_strategy_on_zoo_model(model, algo):
     for members in g.coloc_groups():
         assert len(set(plan.strategy.device[members].tolist())) == 1, f"co-location group split on {model}"
     res = simulate(g, plan.strategy, cluster, costs)
-    assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) > 0
+    assert res.step_time_s >= res.plan_lower_bound_s * (1 - 1e-9) > 0

@@ -49,12 +49,31 @@ def test_one_run_per_algorithm(algo, every_algorithm):
     assert any(e["ph"] == "X" for e in trace["traceEvents"])
 
 
+def test_every_plan_of_a_problem_has_the_same_lower_bound(every_algorithm):
+    """lower_bound_s is the problem's (harness.app.bounds): one figure for every algorithm given
+    the same graph (the operator graph, or the layer graph of the layer-graph algorithms), and
+    no step beats it; each plan's own bound is plan_lower_bound_s."""
+    sweep, _ = every_algorithm
+    rows = [json.loads(f.read_text()) for f in sweep.glob("*/result.json")]
+    assert len(rows) == len(ALGOS)
+    bounds: dict[tuple[int, int], set[float]] = {}
+    for row in rows:
+        bounds.setdefault((row["graph_nodes"], row["graph_edges"]), set()).add(row["lower_bound_s"])
+        assert row["step_time_s"] >= row["lower_bound_s"] * (1 - 1e-9) > 0, row["algo"]
+        assert row["step_time_s"] >= row["plan_lower_bound_s"] * (1 - 1e-9), row["algo"]
+        assert row["gap_to_bound"] == pytest.approx(row["step_time_s"] / row["lower_bound_s"] - 1)
+    assert len(bounds) == 2 and all(len(b) == 1 for b in bounds.values()), bounds
+
+
 def test_single_run_prints_the_summary(tmp_path):
     r = run_harness("algo=m_topo", "model=lenet5", "cluster=p100x4", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     for k in ("model", "nodes", "devices", "algorithm", "search time", "step time", "lower bound", "OOM", "bytes moved"):
         assert k in r.stdout
-    assert (tmp_path / "result.json").exists()
+    row = json.loads((tmp_path / "result.json").read_text())
+    assert re.search(r"^m_topo \(this job\)\s", r.stdout, re.M) and re.search(r"^one device\s", r.stdout, re.M)
+    assert re.search(r"^data parallel\s", r.stdout, re.M) and "global batch" in r.stdout
+    assert ("SLOWER THAN ONE DEVICE" in r.stdout) == ("finding" in r.stdout) == row["slower_than_single_device"]
 
 
 def test_job_writes_only_into_its_output_dir(tmp_path):
@@ -131,7 +150,7 @@ def test_same_config_same_result_bit_for_bit(tmp_path):
 
 def test_custom_model_from_any_factory(tmp_path):
     r = run_harness("model=custom", "model.module._target_=tests.test_capture.Tiny", "model.image_size=8", "model.target.high=10",
-                "model.batch_size=4", "algo=data_parallel", f"hydra.run.dir={tmp_path}")
+                "model.batch_size=4", "algo=data_parallel", "cluster=p100x4", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads((tmp_path / "result.json").read_text())
     assert row["model"] == "custom" and row["num_tasks"]["collective"] > 0

@@ -73,3 +73,24 @@ def test_a_deadlock_is_refused_alike():
     for compiled in (True, False):
         with pytest.raises(engine.SimulationError, match="2 of 2 tasks not run .first waiting task 0"):
             engine.run(tg, 1, len(cl.links), "strict", compiled=compiled)
+
+
+def test_use_compiled_is_one_rule_for_every_kernel(monkeypatch):
+    """harness.core.compiled.use_compiled: a forced choice wins; else the warm threshold once the
+    kernel's module is loaded in this process, the cold one before; one threshold when no cold
+    one is given.  The engine's default follows it."""
+    import sys
+
+    from harness.core.compiled import kernel_loaded, use_compiled
+
+    name = "harness_test_no_such_kernel"
+    assert not kernel_loaded(name)
+    assert not use_compiled(500, 100, 1000, kernel=name) and use_compiled(1000, 100, 1000, kernel=name)
+    assert use_compiled(10, 100, 1000, kernel=name, forced=True) and not use_compiled(10**9, 100, 1000, kernel=name, forced=False)
+    monkeypatch.setitem(sys.modules, name, sys)
+    assert kernel_loaded(name) and use_compiled(100, 100, 1000, kernel=name) and not use_compiled(99, 100, 1000, kernel=name)
+    assert use_compiled(7, 7) and not use_compiled(6, 7) and not use_compiled(6, 7, kernel=name)
+    monkeypatch.delitem(sys.modules, "simulators.engine_loop", raising=False)
+    assert not engine._compiled_by_default(engine.COLD_FROM - 1) and engine._compiled_by_default(engine.COLD_FROM)
+    monkeypatch.setitem(sys.modules, "simulators.engine_loop", sys)
+    assert engine._compiled_by_default(engine.COMPILED_FROM) and not engine._compiled_by_default(engine.COMPILED_FROM - 1)

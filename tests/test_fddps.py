@@ -183,6 +183,9 @@ def test_transfers_that_are_not_route_tables_stay_in_python():
         def transfer_time(self, nbytes, src, dst):
             return 0.0 if src == dst else 1e-3
 
+        def transfer_routes(self):
+            return None
+
     cl = make_cluster(2)
     assert route_tables(Odd(cl)) is None and route_tables(AnalyticalCostModel(cl)) is not None
     g = random_graph(np.random.default_rng(0), 40)
@@ -265,7 +268,7 @@ def test_options_are_checked():
         FDDPS(slot="anywhere")
     with pytest.raises(ValueError, match="horizon"):
         FDDPS(horizon=-1)
-    with pytest.raises(ValueError, match="split dim"):
+    with pytest.raises(ValueError, match="split_dim"):
         FDDPS(split_dim="height")
     with pytest.raises(ValueError, match="compiled"):
         FDDPS(compiled="yes")

@@ -56,5 +56,5 @@ def test_valid_strategy_on_zoo_model(model, algo):
     sg = SchedGraph.from_opgraph(plan.graph, cluster, costs)
     assert plan.info["objective_s"] >= sg.et[0].max() - 1e-12
     res = simulate(plan.graph, plan.strategy, cluster, costs)
-    assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) > 0
+    assert res.step_time_s >= res.plan_lower_bound_s * (1 - 1e-9) > 0
     assert np.isfinite(res.step_time_s)

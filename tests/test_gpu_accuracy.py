@@ -144,3 +144,21 @@ def test_serial_efficiency_runs_every_all_reduce_after_the_one_gpu_step():
     assert "between the serial and the overlapped simulation on 0 of 1 rows, and below even the serial one on 1" in text
     assert "p100x8nvl_vgg16_b64 0.750 < 0.800" in text
     assert gpu_accuracy._overlap_lines(sc.drop(columns=["calibrated_eff_serial"])) == []
+
+
+def test_written_figures_keep_the_precision_the_computation_supports(tmp_path):
+    """A computed figure to 4 significant digits, an error fraction to 3 decimals, the published
+    figure as published; two runs whose figures differ in their last bits (another CPU's exp and
+    log, another BLAS's refit) write the same bytes."""
+    df = pd.DataFrame({"id": ["a", "b"], "gpus": [1, 8], "published": [12345.678, 0.1],
+                       "calibrated_sim": [1234.5678, float("nan")], "calibrated_ratio": [0.123456, 98765.4],
+                       "median_abs_error": [0.0782646, 0.0483340], "worst": [0.31234, 1.5]})
+    r = gpu_accuracy.rounded(df)
+    assert r["published"].tolist() == [12345.678, 0.1] and r["gpus"].tolist() == [1, 8] and r["id"].tolist() == ["a", "b"]
+    assert r["calibrated_sim"].iloc[0] == 1235.0 and np.isnan(r["calibrated_sim"].iloc[1])
+    assert r["calibrated_ratio"].tolist() == [0.1235, 98770.0]
+    assert r["median_abs_error"].tolist() == [0.078, 0.048] and r["worst"].tolist() == [0.312, 1.5]
+    noisy = df.assign(calibrated_sim=df["calibrated_sim"] * (1 + 3e-12), median_abs_error=df["median_abs_error"] + 1e-5)
+    gpu_accuracy.write_csv(df, tmp_path / "a.csv")
+    gpu_accuracy.write_csv(noisy, tmp_path / "b.csv")
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()

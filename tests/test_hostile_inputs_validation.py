@@ -209,14 +209,18 @@ def test_cluster_keys_through_the_config() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.floats(allow_nan=True, allow_infinity=True), st.floats(allow_nan=True, allow_infinity=True))
 def test_bandwidth_and_latency_property(bw: float, lat: float) -> None:
-    """A finite bandwidth > 0 and latency >= 0 build a cluster whose routes carry them; any
-    other pair is refused naming the first bad key."""
+    """A bandwidth and a latency in their plausible ranges (topology.RANGES: finite, > 0 and >= 0,
+    no subnormal bandwidth that would make a transfer take forever) build a cluster whose routes
+    carry them; any other pair is refused naming the first bad key."""
+    from harness.core.topology import RANGES
+
     intra = {"topology": "mesh", "bw_GBps": bw, "lat_us": lat}
-    if math.isfinite(bw) and bw > 0 and math.isfinite(lat) and lat >= 0:
+    bw_ok = RANGES["GBps"][0] <= bw <= RANGES["GBps"][1]
+    if bw_ok and RANGES["us"][0] <= lat <= RANGES["us"][1]:
         cl = build_cluster("x", DEVICE, gpus=2, intra=intra)
         assert cl.route_bw[0, 1] == bw * 1e9 and cl.route_lat[0, 1] == lat * 1e-6
     else:
-        bad = "bw_GBps" if not (math.isfinite(bw) and bw > 0) else "lat_us"
+        bad = "bw_GBps" if not bw_ok else "lat_us"
         refused(lambda: build_cluster("x", DEVICE, gpus=2, intra=intra), f"cluster.intra.{bad}", kind=ClusterError)
 
 
@@ -445,11 +449,11 @@ def cli(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, P
     (["model=custom", "model.module._target_=tests.test_profile.Tiny", "+model.module.widht=3"],
      ["model.module.widht is not a parameter of tests.test_profile.Tiny"]),
     (["model=from_file", "model.path={cut}"], ["{cut} is not valid JSON (line 1, column"]),
-    (["model=lenet5", "algo=fddps", "algo.slot=anywhere"], ["algo=fddps: fddps.slot must be one of ('lst', 'idle'), got 'anywhere'"]),
-    (["model=lenet5", "algo=fddps", "algo.compiled=yes"], ["algo=fddps: fddps.compiled must be null (by graph size), true or false"]),
+    (["model=lenet5", "algo=fddps", "algo.slot=anywhere"], ["algo=fddps: algo.slot must be one of lst, idle; got 'anywhere'"]),
+    (["model=lenet5", "algo=fddps", "algo.compiled=yes"], ["algo=fddps: algo.compiled must be one of null, true, false"]),
     (["model=lenet5", "algo=fddps", "+algo.horizn=3"], ["algo.horizn is not a parameter of algo=fddps", "horizon, eps"]),
-    (["model=lenet5", "algo=m_sct", "algo.threshold=2"], ["algo=m_sct: m_sct: threshold must be in [0, 1], got 2"]),
-    (["model=lenet5", "cluster=p100x4", "algo=optcnn", "algo.space=bad"], ["algo.space must be one of ('optcnn', 'pase'), got 'bad'"]),
+    (["model=lenet5", "algo=m_sct", "algo.threshold=2"], ["algo=m_sct: algo.threshold must be in [0, 1], got 2"]),
+    (["model=lenet5", "cluster=p100x4", "algo=optcnn", "algo.space=bad"], ["algo=optcnn: algo.space must be one of null, optcnn, pase; got 'bad'"]),
 ])
 def test_the_command_line_refuses_and_writes_no_result(tmp_path: Path, overrides: list[str], fragments: list[str]) -> None:
     cut = tmp_path / "cut.json"

@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,6 +46,15 @@ def exit3(**kw):
 
 def kill9(**kw):
     os.kill(os.getpid(), signal.SIGKILL)
+
+def stuck(**kw):
+    time.sleep(120)
+    return SingleDevice(**kw)
+
+def deaf(**kw):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(120)
 '''
 
 
@@ -83,7 +94,7 @@ def test_user_error_is_one_line_with_exit_1_and_no_result(tmp_path):
 
 @pytest.mark.parametrize("override, culprit", [
     ("model=nosuch", "Could not find 'model/nosuch'"),
-    ("modle=lenet5", "Could not override 'modle'"),  # misspelt, without +
+    ("modle=lenet5", "modle is not a key of the config: did you mean model?"),  # misspelt, without +
 ])
 def test_compose_error_is_one_line(tmp_path, override, culprit):
     r = harness(override, f"hydra.run.dir={tmp_path / 'run'}")
@@ -184,8 +195,8 @@ def test_an_edited_graph_file_is_run_again(tmp_path):
     SyntheticGraph(nodes=60, seed=1).op_graph().save(graph)
     again = harness(*args)
     assert again.stdout.strip().endswith("1 ok, 0 failed, 0 skipped"), again.stdout[-2000:]
-    [result] = sweep.glob("*/result.json")
-    assert json.loads(result.read_text())["graph_nodes"] == 60
+    # the old input's result stays; the new one is written beside it (harness.app.jobs.claim_dir)
+    assert sorted(json.loads(f.read_text())["graph_nodes"] for f in sweep.glob("*/result.json")) == [50, 60]
 
 
 def test_config_hash_of_a_config_without_input_files_is_unchanged():
@@ -305,3 +316,123 @@ def test_all_quick_leaves_the_directories_to_the_experiments(monkeypatch):
     monkeypatch.setattr(graph_stats, "main", lambda argv: seen.append(argv) or 0)
     assert all_experiments.main(["--quick", "--only", "graph_stats"]) == 0
     assert seen == [["--quick"]]
+
+
+# ------------------------------------------------------------------ 8. Ctrl-C and SIGTERM (issue 32)
+def _as_a_shell_starts_it() -> None:
+    """In the child, before exec: SIGINT at its default action, as a shell starts a foreground
+    command (a pytest run in the background ignores it, and its children would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _stopped(tmp_path: Path, target: str, *signals: tuple[int, bool]) -> tuple[subprocess.CompletedProcess, Path]:
+    """Start a single run whose job sleeps in its algorithm's constructor (``hostile.<target>``),
+    wait until its job runs, send it ``signals`` in turn (each ``(signal, to the process group as
+    a terminal's Ctrl-C does)``, a second after the one before), and return how it ended."""
+    run = tmp_path / "run"
+    full = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full["PYTHONPATH"] = os.pathsep.join([str(REPO), str(hostile(tmp_path))])
+    cmd = [sys.executable, "-m", "harness", *TINY, f"algo._target_=hostile.{target}", f"hydra.run.dir={run}"]
+    p = subprocess.Popen(cmd, cwd=REPO, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=_as_a_shell_starts_it)
+    try:
+        end = time.monotonic() + 120
+        while not (run / ".hydra").exists() and p.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        for sig, group in signals:
+            time.sleep(1.0)
+            (os.killpg if group else os.kill)(p.pid, sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err), run
+
+
+@pytest.mark.parametrize("sig, group, code, line", [
+    (signal.SIGINT, True, 130, "interrupted"),    # Ctrl-C in a terminal: the command's whole process group
+    (signal.SIGINT, False, 130, "interrupted"),   # kill -INT to the command
+    (signal.SIGTERM, False, 143, "terminated (SIGTERM)"),
+])
+def test_a_stopped_single_run_is_one_line_and_leaves_error_json(tmp_path, sig, group, code, line):
+    r, run = _stopped(tmp_path, "stuck", (sig, group))
+    assert r.returncode == code and r.stderr.strip().splitlines()[-1] == line, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    err = json.loads((run / "error.json").read_text())
+    name = signal.Signals(sig).name
+    assert err["interrupted"] == name and name in err["error"] and not (run / "result.json").exists()
+
+
+def test_a_job_deaf_to_signals_is_killed_at_the_second_ctrl_c(tmp_path):
+    """A job that ignores the forwarded Ctrl-C: the second one kills its runner; the command still
+    ends with one line and error.json says it was interrupted."""
+    r, run = _stopped(tmp_path, "deaf", (signal.SIGINT, True), (signal.SIGINT, True))
+    assert r.returncode == 130 and r.stderr.strip().splitlines()[-1] == "interrupted", r.stderr[-3000:]
+    assert json.loads((run / "error.json").read_text())["interrupted"] == "SIGINT"
+
+
+# ------------------------------------------------------------------ 9. outputs that cannot be written (issue 32)
+#: a folder no one can write into, root included
+UNWRITABLE = Path("/proc/harness-test")
+
+
+@pytest.mark.parametrize("where", ["unwritable", "a file", "below a file"])
+def test_a_run_dir_that_cannot_be_made_is_one_line(tmp_path, where):
+    (tmp_path / "file").write_text("x")
+    run = {"unwritable": UNWRITABLE / "run", "a file": tmp_path / "file", "below a file": tmp_path / "file" / "run"}[where]
+    r = harness(*TINY, f"hydra.run.dir={run}")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith(f"error: cannot write the directory {run}: ") and lines[0].endswith("choose another with hydra.run.dir=DIR")
+
+
+def test_a_sweep_dir_or_default_output_root_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "outputs").write_text("a file where the outputs go")
+    r = harness(*TINY, cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: cannot write the directory outputs/"), r.stderr[-3000:]
+    s = harness("-m", "hydra/launcher=basic", *TINY, f"hydra.sweep.dir={tmp_path / 'outputs'}")
+    lines = s.stderr.strip().splitlines()
+    wanted = (f"error: cannot write the directory {tmp_path / 'outputs'}: a file is in the way (it, or a folder above it, is a file); "
+              "choose another with hydra.sweep.dir=DIR")
+    assert s.returncode == 1 and lines == [wanted], s.stderr[-3000:]
+
+
+def test_collect_into_a_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    from harness import collect
+
+    (tmp_path / "sweep" / "job").mkdir(parents=True)
+    (tmp_path / "sweep" / "job" / "result.json").write_text(json.dumps({"algo": "a", "step_time_s": 1.0}))
+    assert collect.main([str(tmp_path / "nothing")]) == 1
+    assert collect.main([str(tmp_path / "sweep"), "--out", str(UNWRITABLE)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"error: {tmp_path / 'nothing'} is not a directory")
+    assert err[1].startswith(f"error: cannot write results.csv into {UNWRITABLE}: ")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--out", ""], "argument --out: an empty --out names no directory"),
+    (["--out", "{file}"], "argument --out: --out {file} is a file, not a directory"),
+    (["--models", "nosuchmodel"], "argument --models: unknown model 'nosuchmodel': the models (conf/model) are alexnet, built"),
+])
+def test_experiment_arguments_that_name_nothing_are_one_line(scratch, tmp_path, capsys, argv, fragment):
+    """``--out ''`` is refused (it once meant the default, the committed results/), and so is an
+    --out that is a file or a model that does not exist; nothing is written."""
+    from experiments import graph_stats, leaderboard
+
+    results, quick = scratch
+    (tmp_path / "file").write_text("x")
+    for mod in (graph_stats, leaderboard):
+        with pytest.raises(SystemExit) as e:
+            mod.main([a.format(file=tmp_path / "file") for a in argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and fragment.format(file=tmp_path / "file") in err[0], err
+    assert not results.exists() and not quick.exists()
+
+
+def test_an_experiment_output_dir_that_cannot_be_made_is_one_line(scratch, capsys):
+    from experiments.__main__ import main as experiments_main
+
+    assert experiments_main(["graph_stats", "--quick", "--models", "lenet5", "--out", str(UNWRITABLE / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: cannot write the output directory {UNWRITABLE / 'out'} (--out): No such file or directory"]

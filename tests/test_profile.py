@@ -21,9 +21,10 @@ from harness.core.fingerprint import graph_fingerprint
 from simulators.realrun.execgraph import ExecGraph, initial_state
 from harness.core.models import TorchModel
 from harness.app.profile import COLUMNS, profile_model, signature
-from harness.core.profiled import slug
+from harness.core import machine
+from harness.core.errors import ProfileError
 from harness.core.machine import device_name
-from harness.core.profiled import ProfiledCostModel
+from harness.core.profiled import PROFILE_ROOT, ProfiledCostModel, slug
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -170,9 +171,63 @@ def test_profiled_costs_plug_into_the_config(profiled):
     from harness.app.run import build
 
     out, _ = profiled
-    cfg = compose(["costs=profiled", f"costs.profile_dir={out.parent}", "cluster=cpu2", "model=lenet5"])
+    cfg = compose(["costs=profiled", f"costs.profile_dir={out.parent}", "cluster=cpu2", machine.cpu_kind_override(), "model=lenet5"])
     _, cl, costs, _, _ = build(cfg)
     assert isinstance(costs, ProfiledCostModel) and costs.profile_path(cl.devices[0].spec.kind) == out.parent / slug(cl.devices[0].spec.kind)
+
+
+def test_a_profile_is_used_only_on_the_cpu_that_measured_it(profiled, monkeypatch):
+    """A CPU device kind names the CPU its figures and profiles come from: on another CPU
+    costs=profiled ends in one line that says what to run here, even with the profiles given;
+    on that CPU they are read."""
+    from tests.helpers import refused
+
+    out, _ = profiled
+    ok = ProfiledCostModel(cluster(), profiles={KIND: str(out)})
+    assert ok.node_times(tiny(8).op_graph(), 0).sum() > 0 and ok.fallback_count == 0
+    monkeypatch.setattr(machine, "cpu_model", lambda: "Some Other CPU @ 9.9GHz")
+    assert machine.foreign_cpu(KIND) == "Some Other CPU @ 9.9GHz (1 thread)" and machine.foreign_cpu("V100-SXM2-16GB") is None
+    for kw in ({"profiles": {KIND: str(out)}}, {"profile_dir": str(out.parent)}, {}):
+        refused(lambda: ProfiledCostModel(cluster(), **kw), f"kind {KIND!r}", "another CPU than this machine's 'Some Other CPU @ 9.9GHz (1 thread)'",
+                "python -m harness.calibrate --threads 1 --write", "python -m harness.profile device=cpu threads=1", kind=ProfileError)
+    # this (fake) CPU, calibrated: its profiles are read
+    mine = ProfiledCostModel(cluster("Some Other CPU @ 9.9GHz (1 thread)"), profiles={"Some Other CPU @ 9.9GHz (1 thread)": str(out)})
+    assert mine.node_times(tiny(8).op_graph(), 0).sum() > 0 and mine.fallback_count == 0
+    # the repository's profiles hold none of this CPU: say what to run rather than fall back
+    refused(lambda: ProfiledCostModel(cluster("Some Other CPU @ 9.9GHz (1 thread)")), "no profile of this machine's CPU",
+            str(PROFILE_ROOT / "some-other-cpu-9-9ghz-1-thread"), "python -m harness.profile device=cpu threads=1", kind=ProfileError)
+    # a GPU kind is no CPU of this machine's: an explicit directory without its profiles falls back, counted
+    gpu = ProfiledCostModel(cluster("V100-SXM2-16GB"), profile_dir=str(out))
+    g = tiny(8).op_graph()
+    gpu.node_times(g, 0)
+    assert gpu.fallback_count == int((~g.free).sum())
+
+
+def test_committed_profiles_are_read_on_the_cpu_that_measured_them(monkeypatch):
+    """cluster=cpu2 with the repository's profiles, on the CPU cpu2 was calibrated on (faked
+    here): lenet5's committed profile answers every kernel."""
+    from harness.app.compose import compose
+    from harness.app.run import build
+
+    kind = build(compose(["model=lenet5", "cluster=cpu2"]))[1].devices[0].spec.kind
+    if not (PROFILE_ROOT / slug(kind)).is_dir():
+        pytest.skip(f"no committed profile of cpu2's CPU {kind!r}")
+    monkeypatch.setattr(machine, "cpu_model", lambda: machine.CPU_KIND.match(kind).group("model"))
+    cfg = compose(["model=lenet5", "cluster=cpu2", "costs=profiled"])
+    source, _, costs, _, _ = build(cfg)
+    g = source.op_graph(**cfg.graph)
+    assert costs.node_times(g, 0).sum() > 0 and costs.report()["by_kind"][kind]["fallback_nodes"] == 0
+
+
+def test_profiled_costs_on_another_cpu_are_one_line_at_the_command_line(tmp_path):
+    from tests.helpers import run_harness
+
+    r = run_harness("model=lenet5", "cluster=cpu2", "costs=profiled", "cluster.device.kind='No Such CPU (1 thread)'",
+                    f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "'No Such CPU (1 thread)', another CPU than this machine's" in err[0]
+    assert "python -m harness.calibrate --threads 1 --write" in err[0] and not list(tmp_path.rglob("result.json"))
 
 
 def test_profile_command(tmp_path):
@@ -354,10 +409,11 @@ def test_in_situ_cpu_times_charge_freeing_an_input_to_its_last_reader(monkeypatc
     monkeypatch.setattr(ht, "materialize", materialize)
     fns = [patched(ins.target) for ins in eg.instrs]
     ph = initial_state(src, eg, 0)
-    ts = np.array([ht.in_situ_step(eg, ph, "cpu", dead, fns) for _ in range(2)])
+    ts = np.array([ht.in_situ_step(eg, ph, "cpu", dead, fns) for _ in range(3)])
     assert (ts[:, reader] >= 0.03).all()
+    # no other op pays the release: each one's fastest step (a busy machine may stall any op once)
     others = np.delete(ts, reader, axis=1)
-    assert (others < 0.03).all()
+    assert (others.min(axis=0) < 0.03).all()
 
 
 def test_drift_reports_windows_and_their_spread():

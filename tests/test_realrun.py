@@ -490,10 +490,13 @@ def test_trace_records_every_op_send_and_wait(fast_cases, model):
 
 def test_run_adds_the_measured_step_time(tmp_path):
     """harness.app.run with sim=realrun: the event simulator's step_time_s and the measured one."""
-    from harness.app.run import format_summary, run, write_outputs
+    from harness.app.run import run, write_outputs
+    from harness.app.summary import format_summary
 
     (tmp_path / "none").mkdir()  # a profile directory without profiles: every op falls back
-    cfg = compose([*MODELS["lenet5"][0], "algo=m_topo", "cluster=cpu2", "sim=realrun", "sim.warmup=1", "sim.steps=3",
+    from harness.core.machine import cpu_kind_override
+
+    cfg = compose([*MODELS["lenet5"][0], "algo=m_topo", "cluster=cpu2", cpu_kind_override(), "sim=realrun", "sim.warmup=1", "sim.steps=3",
                    "costs=profiled", f"costs.profile_dir={tmp_path / 'none'}", "output.gantt=false", "sim.interleave_profile=true",
                    "sim.trace=true"])
     res = run(cfg)

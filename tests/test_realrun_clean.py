@@ -35,6 +35,7 @@ from simulators.realrun.execgraph import TensorMeta
 from harness.app.run import build
 from simulators.realrun import (BOARD_SLOTS, P_BARRIER, P_COLLECTIVE, P_DONE, P_RECV, P_RENDEZVOUS, P_SETUP, P_START, P_STEP, Job,
                                 RealRun, RealRunError, launch, stall_message)
+from simulators.realrun.sealed import JOB_FILE, KEY_ENV, new_key
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -409,6 +410,51 @@ def test_a_signal_to_the_launching_process_ends_every_rank(tmp_path, sig):
     assert leftovers(tmp_path) == []
 
 
+OWN_HANDLER_DRIVER = """
+import multiprocessing
+import signal
+import sys
+from pathlib import Path
+from harness.app.compose import compose
+from harness.app.run import run
+
+def own(signum, frame):
+    Path(sys.argv[1]).write_text(f"ranks alive: {len(multiprocessing.active_children())}")
+    raise SystemExit(3)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, own)
+    run(compose(sys.argv[2:]))
+"""
+
+
+def test_sigterm_goes_on_to_the_process_s_own_handler_once_every_rank_is_ended(tmp_path):
+    """A process with a SIGTERM handler of its own: the launcher still ends every rank first,
+    then hands the signal to that handler (which finds no rank alive and exits 3)."""
+    script, proof = tmp_path / "driver.py", tmp_path / "handled"
+    script.write_text(OWN_HANDLER_DRIVER)
+    overrides = gated("algo=data_parallel", "+model.module.stall_rank=1", "+model.module.stall_build=true", "sim.rank_timeout_s=100")
+    r, w = _interrupt_when_running([sys.executable, str(script), str(proof), *overrides], tmp_path, signal.SIGTERM, group=False)
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert proof.read_text() == "ranks alive: 0"
+    assert len(w.ranks()) == 2
+    assert_gone(w.seen)
+    assert leftovers(tmp_path) == []
+
+
+def test_sigterm_to_the_command_ends_every_rank(tmp_path):
+    """SIGTERM to ``python -m harness`` itself (not its group) in the middle of the steps: the
+    job's runner gets it, its launcher ends every rank, error.json says so."""
+    cmd = [sys.executable, "-m", "harness", *gated("algo=data_parallel", steps=1000000), f"hydra.run.dir={tmp_path / 'out'}"]
+    r, w = _interrupt_when_running(cmd, tmp_path, signal.SIGTERM, group=False)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
+    assert len(w.ranks()) == 2
+    assert_gone(w.seen)
+    assert leftovers(tmp_path) == []
+    assert "real run terminated (SIGTERM): its 2 ranks were ended" in (tmp_path / "out" / "error.json").read_text()
+
+
 def test_ctrl_c_on_the_command_line_ends_every_rank(tmp_path):
     """A terminal's Ctrl-C (SIGINT to the command's process group) in the middle of the steps.
 
@@ -418,6 +464,7 @@ def test_ctrl_c_on_the_command_line_ends_every_rank(tmp_path):
     cmd = [sys.executable, "-m", "harness", *gated("algo=data_parallel", steps=1000000), f"hydra.run.dir={tmp_path / 'out'}"]
     r, w = _interrupt_when_running(cmd, tmp_path, signal.SIGINT, group=True)
     assert r.returncode != 0
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
     assert len(w.ranks()) == 2
     assert_gone(w.seen)
     assert leftovers(tmp_path) == []
@@ -428,22 +475,26 @@ def test_ctrl_c_on_the_command_line_ends_every_rank(tmp_path):
 def test_a_prepared_job_directory_stays(tmp_path, scratch):
     plan, sim, cluster, costs = planned(gated("algo=data_parallel", "sim.launcher=prepare", f"sim.job_dir={tmp_path / 'job'}"))
     res = sim(plan.graph, plan.strategy, cluster, costs)
-    assert res.extras["realrun_job_dir"] == str(tmp_path / "job") and (tmp_path / "job" / "job.pkl").is_file()
+    assert res.extras["realrun_job_dir"] == str(tmp_path / "job") and (tmp_path / "job" / JOB_FILE).is_file()
     sim.job_dir = None  # prepared in a directory of its own: that one stays too, it is the result
     d = Path(sim(plan.graph, plan.strategy, cluster, costs).extras["realrun_job_dir"])
-    assert d.parent == scratch and (d / "job.pkl").is_file()
+    assert d.parent == scratch and (d / JOB_FILE).is_file()
 
 
 def test_running_a_rank_without_torchrun_says_how_to_start_it(tmp_path):
-    """``python -m simulators.realrun [JOB_DIR]`` outside torchrun: one line, status 2."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    """``python -m simulators.realrun [JOB_DIR]`` outside torchrun, or without the job's key: one line, status 2."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", KEY_ENV)}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO)])
     plan, sim, cluster, costs = planned(gated("algo=data_parallel", "sim.launcher=prepare", f"sim.job_dir={tmp_path / 'job'}"))
-    sim(plan.graph, plan.strategy, cluster, costs)
-    for args, want in (([], "torchrun --nproc-per-node N -m simulators.realrun JOB_DIR"),
-                       ([str(tmp_path / "job")], f"torchrun --nproc-per-node 2 -m simulators.realrun {tmp_path / 'job'}"),
-                       ([str(tmp_path)], f"no job in {tmp_path}")):
-        r = subprocess.run([sys.executable, "-m", "simulators.realrun", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    key = sim(plan.graph, plan.strategy, cluster, costs).extras["realrun_job_key"]
+    for args, extra, want in (([], {}, "torchrun --nproc-per-node N -m simulators.realrun JOB_DIR"),
+                              ([str(tmp_path / "job")], {KEY_ENV: key},
+                               f"torchrun --nproc-per-node 2 -m simulators.realrun {tmp_path / 'job'}"),
+                              ([str(tmp_path / "job")], {}, f"{KEY_ENV} must carry (it is not set)"),
+                              ([str(tmp_path / "job")], {KEY_ENV: new_key()}, "does not carry this run's seal"),
+                              ([str(tmp_path)], {}, f"no job in {tmp_path}")):
+        r = subprocess.run([sys.executable, "-m", "simulators.realrun", *args], cwd=REPO, env={**env, **extra}, capture_output=True,
+                           text=True, timeout=120)
         assert r.returncode == 2 and r.stdout == "", (args, r.stderr)
         assert r.stderr.startswith("error: ") and want in one_line(r.stderr), r.stderr
 

@@ -29,7 +29,27 @@ def test_quick_run_writes_table_figure_and_readme(tmp_path):
     assert r["busy_s"] > 0 and r["busy_error"] == pytest.approx(r["busy_s"] / r["measured_s"] - 1)
     assert r["interleaved_busy_error"] == r["interleaved_busy_error"]  # not NaN
     assert "`host_comm.recv_when: busy`" in readme and "with the interleaved profile, mean absolute error" in readme
-    assert list((tmp_path / "profiles").glob("*/lenet5_aten_*.parquet"))
+    # what it measured is filed under this machine's CPU, whichever CPU cpu2 was calibrated on
+    from harness.core.machine import cpu_kind
+    from harness.core.profiled import slug
+
+    assert [f.parent.name for f in (tmp_path / "profiles").glob("*/lenet5_aten_*.parquet")] == [slug(cpu_kind(1))]
+    assert ("measured on another CPU" in readme) == (sim_accuracy.calibrated_elsewhere(sim_accuracy._cpu2()) is not None)
+
+
+def test_a_full_run_on_another_cpu_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """cpu2's figures belong to the CPU it names: on another one the full run says what to run
+    first, in one line, and writes nothing."""
+    from harness.core import machine
+
+    monkeypatch.setattr(machine, "cpu_model", lambda: "Some Other CPU")
+    assert sim_accuracy.calibrated_elsewhere(sim_accuracy._cpu2()) is not None
+    with pytest.raises(SystemExit) as e:
+        sim_accuracy.main(["--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "not on this machine's 'Some Other CPU (1 thread)'" in err and "python -m harness.calibrate --threads 1 --write" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_repeated_runs_report_the_round_with_the_median_error():

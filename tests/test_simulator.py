@@ -37,7 +37,7 @@ def check_invariants(res) -> None:
     src = np.repeat(np.arange(tg.num_tasks), np.diff(tg.succ_ptr))
     assert np.all(start[tg.succ_idx] >= end[src] - EPS), "a task started before its input finished"
     assert np.allclose(end - start, tg.dur)
-    assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) - EPS
+    assert res.step_time_s >= res.plan_lower_bound_s * (1 - 1e-9) - EPS
     assert res.step_time_s == pytest.approx(end.max() if len(end) else 0.0)
 
 
@@ -82,7 +82,7 @@ def test_invariants_with_receives_that_preempt(g, ndev, seed, mode, per_message_
     assert np.all(tl.end - tl.start >= tg.dur - EPS)
     other = np.flatnonzero(tg.kind != COMPUTE)
     assert np.allclose((tl.end - tl.start)[other], tg.dur[other])  # only compute tasks are lengthened
-    assert res.step_time_s >= res.lower_bound_s * (1 - 1e-9) - EPS
+    assert res.step_time_s >= res.plan_lower_bound_s * (1 - 1e-9) - EPS
     again = simulate(g, strat, cl, costs, order=mode)
     assert np.array_equal(tl.end, again.timeline.end)
 
@@ -230,9 +230,9 @@ def test_lower_bound_is_max_of_critical_path_and_work(cluster4, costs4):
     g = make_graph(4, [(0, 1)], [4e9, 4e9, 1e9, 1e9])
     res = simulate(g, Strategy.placement([0, 0, 0, 0]), cluster4, costs4)
     t = costs4.node_times(g, 0)
-    assert res.critical_path_s == pytest.approx(t[0] + t[1])
-    assert res.work_bound_s == pytest.approx(t.sum() / 4)
-    assert res.lower_bound_s == pytest.approx(max(t[0] + t[1], t.sum() / 4))
+    assert res.plan_critical_path_s == pytest.approx(t[0] + t[1])
+    assert res.plan_work_bound_s == pytest.approx(t.sum() / 4)
+    assert res.plan_lower_bound_s == pytest.approx(max(t[0] + t[1], t.sum() / 4))
 
 
 def _dp_graph() -> OpGraph:

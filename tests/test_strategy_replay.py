@@ -18,7 +18,7 @@ from harness.core.strategy import PLAN_GRAPH_FILE, STRATEGY_FORMAT
 from harness.app.run import run, write_plan
 
 BASE = ["model=lenet5", "cluster=p100x4", "output.worth=false"]
-SUMMARY = ("step_time_s", "lower_bound_s", "comm_bytes", "peak_memory_bytes", "device_busy_s", "oom")
+SUMMARY = ("step_time_s", "lower_bound_s", "plan_lower_bound_s", "comm_bytes", "peak_memory_bytes", "device_busy_s", "oom")
 
 
 @pytest.fixture(scope="module")

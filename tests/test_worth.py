@@ -7,8 +7,9 @@ import json
 import pytest
 
 from harness.app.compose import compose
-from harness import worth as W
-from harness.app.run import format_summary, run
+from harness.app import worth as W
+from harness.app.run import run
+from harness.app.summary import finding, format_summary, reference_table
 
 BASE = ["model=lenet5", "cluster=p100x4", "output.gantt=false", "output.trace=false"]
 
@@ -40,16 +41,25 @@ def test_a_plan_slower_than_one_device_is_flagged():
     assert w["slower_than_single_device"] and w["speedup_vs_single_device"] == 0.5
     assert w["estimate_gap"] == pytest.approx(-0.25)
     assert W.worth(0.5, refs, {})["estimate_gap"] is None
-    row = {"speedup_vs_single_device": 0.5, "single_device_step_s": 1.0, "slower_than_single_device": True,
-           "speedup_vs_data_parallel": 0.25, "data_parallel_step_s": 0.5, "estimate_gap": None}
-    lines = W_lines(row)
-    assert any("SLOWER THAN ONE DEVICE" in v for _, v in lines)
+    row = {"algo": "x", "step_time_s": 2.0, "speedup_vs_single_device": 0.5, "single_device_step_s": 1.0,
+           "slower_than_single_device": True, "speedup_vs_data_parallel": 0.25, "data_parallel_step_s": 0.5, "estimate_gap": None}
+    table = reference_table(row)
+    assert "SLOWER THAN ONE DEVICE" in table[1] and "x (this job)" in table[1]
+    assert [ln.split()[-2:] for ln in table[2:]] == [["1.00x", "0.50x"], ["2.00x", "1.00x"]]  # one device, data parallel
+    no_dp = reference_table({**row, "data_parallel_step_s": None, "speedup_vs_data_parallel": None})
+    assert len(no_dp) == 3 and "vs data parallel" not in no_dp[0] and no_dp[2].split()[-1] == "1.00x"
 
 
-def W_lines(row):
-    from harness.app.run import worth_lines
-
-    return worth_lines(row)
+def test_the_finding_quotes_the_algorithm_and_the_simulator():
+    row = {"slower_than_single_device": True, "speedup_vs_single_device": 0.5, "single_device_step_s": 1.0,
+           "data_parallel_step_s": 0.25}
+    about = {"paper": "P (A et al.)", "paper_claim": "a faster step", "findings": "results/p/README.md"}
+    text = finding(row, about)
+    assert text.startswith("P (A et al.) claims a faster step.")
+    assert "0.50x one device" in text and "data parallelism at 4.00x" in text
+    assert "results/p/README.md, results/README.md" in text
+    assert "claims" not in finding(row, {}) and "results/README.md" in finding(row, {})
+    assert finding({**row, "slower_than_single_device": False}, about) == ""
 
 
 def test_references_are_computed_once_per_key_and_shared_through_the_cache_dir(tmp_path):
@@ -98,4 +108,16 @@ def test_output_worth_false_leaves_the_keys_out():
 def test_the_summary_prints_the_comparison():
     row = run(compose(BASE + ["algo=round_robin"])).row
     text = format_summary(row)
-    assert "vs one device" in text and "vs data parallel" in text
+    assert "vs one device" in text and "vs data parallel" in text and "round_robin (this job)" in text
+    assert "global batch" in text
+
+
+def test_the_job_knows_its_algorithms_paper_and_the_summary_quotes_it():
+    from algorithms.fddps import FDDPS
+
+    res = run(compose(BASE + ["algo=fddps"]))
+    assert res.about == FDDPS().about() and res.about["findings"] == "results/fddps/README.md"
+    slower = {**res.row, "slower_than_single_device": True, "speedup_vs_single_device": 0.5}
+    text = format_summary(slower, res.about)
+    assert f"{res.about['paper']} claims {res.about['paper_claim']}" in " ".join(text.split())
+    assert "results/fddps/README.md" in text and "SLOWER THAN ONE DEVICE" in text

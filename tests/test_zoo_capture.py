@@ -34,4 +34,4 @@ def test_capture_zoo_model(name):
     assert (g.batch_role == BATCHED).any() and (g.batch_role == PARTIAL).any()
     plan = MTopo().plan(g, cluster, costs)
     res = simulate(plan.graph, plan.strategy, cluster, costs)
-    assert res.step_time_s >= res.lower_bound_s > 0
+    assert res.step_time_s >= res.plan_lower_bound_s > 0

@@ -17,7 +17,7 @@ import numpy as np
 
 from algorithms.sched.levels import mean_transfer_time, static_costs
 from harness.core.cluster import Cluster
-from harness.core.costs import AnalyticalCostModel, CostModel
+from harness.core.costs import CostModel
 from harness.core.graph import EdgeListGraph, OpGraph
 from harness.core.graph_rewrites import union_roots
 
@@ -114,17 +114,10 @@ class SchedGraph(EdgeListGraph):
 
 
 def route_tables(costs: CostModel) -> tuple[np.ndarray, np.ndarray] | None:
-    """(latency, bandwidth) ``[D, D]`` of the routes when c_ij is the analytical model's route
-    latency + bytes / route bandwidth (the calibrated and profiled models take their transfers
-    from their analytical model), else None."""
-    from harness.core.calibrated import CalibratedCostModel
-    from harness.core.profiled import ProfiledCostModel
-
-    if type(costs).transfer_time in (CalibratedCostModel.transfer_time, ProfiledCostModel.transfer_time):
-        costs = costs.analytical  # type: ignore[attr-defined]
-    if isinstance(costs, AnalyticalCostModel) and type(costs).transfer_time is AnalyticalCostModel.transfer_time:
-        return costs.cluster.route_lat, costs.cluster.route_bw
-    return None
+    """(latency, bandwidth) ``[D, D]`` of the routes when c_ij is route latency + bytes / route
+    bandwidth, as the cost model says (:meth:`~harness.core.costs.CostModel.transfer_routes`),
+    else None."""
+    return costs.transfer_routes()
 
 
 def comm_fn(costs: CostModel) -> CommFn:

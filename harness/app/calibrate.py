@@ -53,6 +53,10 @@ measured one here.
 It prints the figures and a YAML snippet; ``--write`` rewrites ``conf/cluster/device/cpu_host.yaml``
 and ``conf/cluster/cpu2.yaml`` with them (the device kind is this CPU's profile name, so that
 ``costs=profiled`` finds the profiles of ``python -m harness.profile device=cpu threads=1``).
+A physically impossible figure (:func:`calibration_problems`: a negative latency or cost, a
+cold rank paying less than a hot one, a bandwidth <= 0 or beyond any core's, a fit that
+misses its measurements by more than a factor of two - what a busy machine's stalls produce)
+ends the command in one ``error:`` line naming each, exit status 1, and nothing is written.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ import datetime as _dt
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +74,7 @@ from typing import Any
 from harness.core.machine import cpu_model, device_name
 
 from simulators.realrun.timing import pin_to_cores
-from harness.app.link_probes import gloo_link
+from harness.app.link_probes import MAX_BW_BPS, fit_problems, gloo_link
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -144,6 +149,23 @@ def drift(seconds: float = 60.0, window_s: float = 2.0, threads: int = 1, spin: 
             "cv": float(w.std() / w.mean())}
 
 
+#: a CPU thread's fp32 GEMM rate above this (FLOP/s) is a timing fault, not a core
+MAX_FLOPS_PER_THREAD = 1e12
+
+
+def calibration_problems(flops: float, copy_bps: float, threads: int, link: dict[str, Any]) -> list[str]:
+    """Every physically impossible figure of a calibration (the device's and
+    :func:`harness.app.link_probes.fit_problems`), one phrase each; empty when it may be written."""
+    import math
+
+    out = []
+    if not (math.isfinite(flops) and 0 < flops <= MAX_FLOPS_PER_THREAD * threads):
+        out.append(f"GEMM rate {flops / 1e9:.3g} GFLOP/s is no rate of {threads} thread(s) (0 to {MAX_FLOPS_PER_THREAD * threads / 1e9:g})")
+    if not (math.isfinite(copy_bps) and 0 < copy_bps <= MAX_BW_BPS):
+        out.append(f"copy bandwidth {copy_bps / 1e9:.3g} GB/s is no memory's (0 to {MAX_BW_BPS / 1e9:g} GB/s)")
+    return out + fit_problems(link)
+
+
 def _mem_gib_per_device(devices: int) -> float:
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -157,8 +179,9 @@ def device_yaml(kind: str, flops: float, bw: float, mem_gib: float, threads: int
 # ({cpu_model()}). Measured by `python -m harness.calibrate --threads {threads} --write` on {when}:
 # fp32 GEMM (torch.mm 1024^3, median) {flops / 1e9:.1f} GFLOP/s; tensor copy {bw / 1e9:.1f} GB/s
 # (bytes read + written). mem_GiB: this machine's memory divided among cpu2's two devices.
-# `kind` is the profile name of this CPU at {threads} thread(s), so costs=profiled reads
-# results/profiles/<slug of kind>/ (written by `python -m harness.profile device=cpu threads={threads}`).
+# `kind` names the CPU these figures were measured on, at {threads} thread(s): costs=profiled reads
+# results/profiles/<slug of kind>/ (written by `python -m harness.profile device=cpu threads={threads}`) on that
+# CPU only, and on any other says in one line to run this calibration there (docs/profiling.md).
 kind: "{kind}"
 peak_tflops: {{float32: {flops / 1e12:.5f}}}
 mem_bw_GBps: {bw / 1e9:.2f}
@@ -214,6 +237,8 @@ def cluster_yaml(link: dict[str, Any], threads: int, when: str) -> str:
 # gloo over loopback. Device figures: conf/cluster/device/cpu_host.yaml.
 # Measured by `python -m harness.calibrate --threads {threads} --write` on {when}, {spin} idle spinners
 # on the ranks' cores (as sim=realrun runs): two pinned processes, streams of messages (mean per message).
+# The figures are this CPU's, the one the device kind names (device/cpu_host.yaml): on another CPU
+# costs=profiled refuses cpu2 in one line that says what to run there (docs/profiling.md).
 # Link: gloo isend/irecv (receives posted first), half a ping-pong round trip per size, least-squares alpha-beta fit:
 # latency {lat * 1e6:.1f} us, bandwidth {bw / 1e9:.2f} GB/s.
 # collective: gloo all-reduce of 2 ranks ({ar}), fitted to the ring formula
@@ -296,8 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     dev = device_yaml(kind, flops, bw, _mem_gib_per_device(2), a.threads, when)
     clu = cluster_yaml(link, a.threads, when)
     print("\n# conf/cluster/device/cpu_host.yaml\n" + dev + "\n# conf/cluster/cpu2.yaml\n" + clu)
+    problems = calibration_problems(flops, bw, a.threads, link)
     if a.json:
-        Path(a.json).write_text(json.dumps({"gemm_flops": flops, "copy_Bps": bw, "threads": a.threads, "kind": kind, **link}, indent=1))
+        Path(a.json).write_text(json.dumps({"gemm_flops": flops, "copy_Bps": bw, "threads": a.threads, "kind": kind, **link,
+                                            "problems": problems}, indent=1))
+    if problems:
+        print(f"error: an impossible calibration, {'not written' if a.write else 'not to be written'}: {'; '.join(problems)} - a busy "
+              "machine's stalls do this: rerun when it is quiet (python -m harness.calibrate --drift 60 shows how much it moves)",
+              file=sys.stderr)
+        return 1
     if a.write:
         (REPO / "conf" / "cluster" / "device" / "cpu_host.yaml").write_text(dev)
         (REPO / "conf" / "cluster" / "cpu2.yaml").write_text(clu)

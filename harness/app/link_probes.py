@@ -8,6 +8,7 @@ all and fits them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -305,6 +306,103 @@ def fit_send_gap(gaps: dict[str, list[float]]) -> tuple[float, float, float]:
     return best[1], best[2], best[3]
 
 
+#: the fits a calibration refuses to write (:func:`fit_problems`): a bandwidth above this
+#: (bytes/s) is no core's memory copy nor loopback link
+MAX_BW_BPS = 1e12
+#: a latency or a per-message cost above this (seconds) is a stalled machine, not a message
+MAX_LAT_S = 1.0
+#: a fit whose curve misses the measured points by more than a factor of two (the root mean
+#: square of log(predicted / measured) above log 2) does not describe them; the committed cpu2
+#: fits miss single points by 2-30 %
+MAX_LOG_RMS = math.log(2.0)
+#: the saturating fit's plateau, hot + cold, may reach at most this multiple of the slowest
+#: measured median: beyond, cold is an extrapolation past the measured gaps
+MAX_PLATEAU = 3.0
+
+
+def log_rms(predicted: Any, measured: Any) -> float:
+    """Root mean square of ``log(predicted / measured)``: how far a fit misses, as a factor (a
+    slow outlier and a fast one count alike); infinite where a prediction is not a time (<= 0)."""
+    import numpy as np
+
+    p, m = np.asarray(predicted, float), np.asarray(measured, float)
+    if (p <= 0).any() or (m <= 0).any():
+        return math.inf
+    return float(np.sqrt(np.mean(np.log(p / m) ** 2)))
+
+
+def _misses(rms: float, points: str) -> str:
+    return "predicts a time <= 0" if math.isinf(rms) else f"misses its {points} by a factor {math.exp(rms):.2g} (RMS)"
+
+
+def _us(x: float) -> str:
+    return f"{x * 1e6:.0f} us"
+
+
+def gap_fit_problems(what: str, gaps: dict[str, list[float]], hot: float, cold: float, tau: float) -> list[str]:
+    """What makes a ``hot + cold (1 - exp(-gap / tau))`` fit (:func:`fit_send_gap`) physically
+    impossible: a negative or non-finite figure (a cost is >= 0, and a cold rank pays at least
+    what a hot one does: cold >= 0), a plateau far above every measured median, or a curve that
+    misses the medians by more than :data:`MAX_LOG_RMS`."""
+    import numpy as np
+
+    if not all(math.isfinite(x) for x in (hot, cold, tau)):
+        return [f"{what} fit is not finite (hot {hot}, cold {cold}, tau {tau})"]
+    out = []
+    if hot < 0:
+        out.append(f"{what} fit has a negative hot cost ({_us(hot)})")
+    if cold < 0 or tau <= 0:
+        return out + [f"{what} fit has cold {_us(cold)}, tau {_us(tau)}: a cold rank cannot pay less than a hot one"]
+    g = np.array([float(k) for k in gaps])
+    t = np.array([statistics.median(v) for v in gaps.values()])
+    if hot + cold > MAX_PLATEAU * t.max():
+        out.append(f"{what} fit levels off at {_us(hot + cold)}, over {MAX_PLATEAU:g}x its slowest median ({_us(t.max())})")
+    rms = log_rms(hot + cold * (1.0 - np.exp(-g / tau)), t)
+    if rms > MAX_LOG_RMS:
+        out.append(f"{what} fit {_misses(rms, 'medians')}")
+    return out
+
+
+def alpha_beta_problems(what: str, sizes: Any, t: Any, lat: float, bw: float, hops: float = 1.0) -> list[str]:
+    """What makes a ``hops * lat + bytes / bw`` fit of the times ``t`` at ``sizes`` impossible:
+    a negative latency, a bandwidth <= 0, either not finite or beyond :data:`MAX_LAT_S` / :data:`MAX_BW_BPS`,
+    or a line that misses the measured times by more than :data:`MAX_LOG_RMS`."""
+    import numpy as np
+
+    if not (math.isfinite(lat) and math.isfinite(bw)) or lat < 0 or lat > MAX_LAT_S:
+        return [f"{what} latency {lat * 1e6:.1f} us is not a latency (0 to {MAX_LAT_S:g} s)"]
+    if not 0 < bw <= MAX_BW_BPS:
+        return [f"{what} bandwidth {bw / 1e9:.3g} GB/s is not a bandwidth (0 to {MAX_BW_BPS / 1e9:g} GB/s)"]
+    s, m = np.asarray(sizes, float), np.asarray(t, float)
+    rms = log_rms(hops * lat + s / bw, m)
+    return [f"{what} fit {_misses(rms, 'measured times')}"] if rms > MAX_LOG_RMS else []
+
+
+def fit_problems(link: dict[str, Any]) -> list[str]:
+    """Every physically impossible figure of a :func:`gloo_link` result, one phrase each (empty:
+    the calibration may be written)."""
+    import numpy as np
+
+    out: list[str] = []
+    sizes = np.array([float(s) for s in link["p2p_s"]])
+    out += alpha_beta_problems("link", sizes, list(link["p2p_s"].values()), link["lat_s"], link["bw_Bps"])
+    big = sizes >= COLL_FIT_MIN
+    coll = np.array(list(link["allreduce_s"].values()), float)
+    out += alpha_beta_problems("all-reduce", sizes[big], coll[big], link["coll_lat_s"], link["coll_bw_Bps"], hops=2.0)
+    for key, what in (("msg_cpu_s", "per-message cost"), ("recv_idle_s", "waited-for receive cost")):
+        v = float(link.get(key, 0.0))
+        if not (math.isfinite(v) and 0 <= v <= MAX_LAT_S):
+            out.append(f"{what} {v * 1e6:.1f} us is not a cost (0 to {MAX_LAT_S:g} s)")
+    copy = float(link["copy_cpu_Bps"])
+    if not (math.isfinite(copy) and 0 < copy <= MAX_BW_BPS):
+        out.append(f"a message's copy rate {copy / 1e9:.3g} GB/s is not a bandwidth (its 1 MiB messages cost no more than its small ones)")
+    for prefix, what in (("send", "send-after-gap"), ("recv", "receive-after-gap")):
+        if f"{prefix}_gap_s" in link:
+            fit = (link[f"{prefix}_{k}_s"] for k in ("hot", "cold", "tau"))
+            out += gap_fit_problems(what, link[f"{prefix}_gap_s"], *fit)
+    return out
+
+
 def _busy_sender(rank: int, peer: int, reps: int, after_s: float = 0.005, early: bool = True) -> list[float]:
     """Post-to-arrival seconds of a small message that rank 0 posts (``isend``) between two
     ``after_s`` stretches of compute, as a real run's rank does after producing a tensor; rank 1 waits
@@ -354,7 +452,6 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
     ``lat_s``, ``bw_Bps`` (``t = lat + bytes / bw``) and the collective's ``coll_lat_s``,
     ``coll_bw_Bps`` in the ring formula of two ranks (``t = 2 lat + bytes / bw``).  ``spin``
     runs :class:`~simulators.realrun.timing.IdleSpinners` on the ranks' cores, as ``sim=realrun`` does."""
-    import numpy as np
     import torch.multiprocessing as mp
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -368,6 +465,16 @@ def gloo_link(threads: int = 1, reps: int = 50, spin: bool = True, rounds: int =
         busy = json.loads(Path(out + ".busy").read_text())
         gaps = json.loads(Path(out + ".gaps").read_text())
         recv_gaps = json.loads(Path(out + ".recv_gaps").read_text())
+    return fit_link(res, busy, gaps, recv_gaps, spin)
+
+
+def fit_link(res: dict[str, Any], busy: dict[str, list[float]], gaps: dict[str, list[float]], recv_gaps: dict[str, list[float]],
+             spin: bool = True) -> dict[str, Any]:
+    """The figures of :func:`gloo_link` from what its two ranks measured: ``res`` (mean one-way
+    ``p2p`` and ``allreduce`` seconds per size, the per-message costs), the busy-sender
+    arrivals, and the send- and receive-after-gap medians per gap."""
+    import numpy as np
+
     sizes = np.array([float(s) for s in res["p2p"]])
     lat, inv_bw = _fit(sizes, np.array(list(res["p2p"].values())))
     big = sizes >= COLL_FIT_MIN

@@ -47,6 +47,7 @@ from simulators.realrun.execgraph import ExecGraph, initial_state, materialize, 
 from harness.core.fx_graph import tensors_of
 from harness.core.graph import BATCH_ROLES, PHASES
 from harness.core.profiled import profile_dir_for
+from harness.core.sources import TorchSource
 from harness.core.machine import cpu_model, device_name, thread_count
 from simulators.realrun.timing import IdleSpinners, dead_inputs, in_situ_step, pinned, steady_malloc
 
@@ -241,7 +242,7 @@ def profile_model(
     left so afterwards."""
     import torch
 
-    if not hasattr(source, "build") or not hasattr(source, "inputs"):
+    if not isinstance(source, TorchSource):
         raise ProfileError(f"model {getattr(source, 'name', source)!r} is not a PyTorch model source: only TorchModel sources can be profiled")
     if granularity not in ("aten", "core_aten", "layer"):
         raise ProfileError(f"unknown granularity {granularity!r}: use aten, core_aten or layer")

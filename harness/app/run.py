@@ -19,8 +19,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from harness.app.bounds import problem_bound
+from harness.app.config_checks import check_config
+from harness.app.result_checks import baseline_check, check_finite, source_warnings
+from harness.app.summary import format_seconds
 from harness.core.cluster import Cluster
 from harness.core.errors import OptionError, UserError
+from harness.core.sources import GraphSource, LayerGraphSource
+from simulators.simulate import ExecutingBackend
 from harness.core.strategy import PLAN_GRAPH_FILE, Plan, graph_identity
 
 #: figures an algorithm may report in ``Plan.info`` that result.json carries at top level
@@ -44,6 +50,8 @@ class Result:
     extras: dict[str, Any] = field(default_factory=dict)
     #: the graph the algorithm was given (the captured one); ``plan.graph`` may be a rewrite of it
     graph: Any = None
+    #: the algorithm's paper, its claim and where the findings are (``Algorithm.about``), for the summary
+    about: dict[str, str] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,8 +100,8 @@ def build(cfg: Any) -> tuple[Any, Cluster, Any, Any, Any]:
 
 def build_algorithm(cfg: Any) -> Any:
     """The algorithm of ``cfg.algo``.  What its class refuses while taking its parameters - a key
-    its ``__init__`` does not declare (TypeError) or a value its checks reject (ValueError) - is
-    the user's mistake, reported as an :class:`OptionError` that names the algorithm (and, for an
+    its ``__init__`` does not declare (TypeError) or a value its checks reject (a UserError or a
+    ValueError) - is the user's mistake, reported as an :class:`OptionError` that names the algorithm (and, for an
     unknown key, the parameters it has); anything else it raises goes on as it is."""
     import inspect
 
@@ -108,7 +116,7 @@ def build_algorithm(cfg: Any) -> Any:
             key = str(bad).rsplit("argument", 1)[1].strip(" '")
             params = [p for p in inspect.signature(get_class(cfg.algo._target_)).parameters if p not in ("self", "name", "seed")]
             raise OptionError(f"algo.{key} is not a parameter of algo={name}; its parameters: {', '.join(params)}") from e
-        if isinstance(bad, ValueError) and not isinstance(bad, UserError):
+        if isinstance(bad, (ValueError, UserError)):  # its checks (harness.core.checks) name the key
             raise OptionError(f"algo={name}: {bad}") from e
         raise
 
@@ -164,15 +172,27 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def result_config(cfg: Any) -> dict[str, Any]:
+    """The keys of a composed config that can change a job's result: all of it, resolved, but
+    :data:`NON_RESULT_KEYS` (result.json's ``config``)."""
+    return {k: v for k, v in (_to_plain(cfg) or {}).items() if k not in NON_RESULT_KEYS}
+
+
+def input_digests(plain: dict[str, Any]) -> dict[str, str]:
+    """sha256 of every input file a (plain) config names (:func:`input_files`), by its name there
+    (result.json's ``input_files``)."""
+    return {name: file_digest(f) for name, f in input_files(plain).items()}
+
+
 def config_hash(cfg: Any) -> str:
     """A digest of everything that can change a job's result: the composed config but
     :data:`NON_RESULT_KEYS`, and the content of every input file it names (:func:`input_files`),
     so that an edited graph or profile is run again; the key re-running a sweep uses to skip
     finished jobs.  A config that names no input file hashes as it did before input files counted."""
-    plain = {k: v for k, v in (_to_plain(cfg) or {}).items() if k not in NON_RESULT_KEYS}
-    files = input_files(plain)
-    if files:
-        plain["__input_files__"] = {name: file_digest(f) for name, f in files.items()}
+    plain = result_config(cfg)
+    digests = input_digests(plain)
+    if digests:
+        plain["__input_files__"] = digests
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -181,22 +201,24 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
     the plan exists, so a caller can save it even if the simulation then fails.  Unless ``output.worth`` is false
     the row also says what the plan is worth (:mod:`harness.app.worth`); ``reference_cache`` is a
     directory the jobs of one sweep share for its reference steps."""
+    check_config(cfg)
     source, cluster, costs, algo, sim = build(cfg)
     gcfg = _to_plain(cfg.get("graph", {})) or {}
     kind = getattr(algo, "graph_kind", "op")
-    if getattr(sim, "needs_fx", False):  # a backend that executes the graph (sim=realrun) needs its fx module
+    if isinstance(sim, ExecutingBackend):  # a backend that executes the graph (sim=realrun) needs its fx module
         gcfg = {**gcfg, "keep_fx": True}
         sim.bind(source, seed=int(cfg.seed), graph_cfg=gcfg)
-    if kind == "layer" and not hasattr(source, "layer_graph"):
-        raise UserError(f"algo={algo.name} plans on a layer graph, and model {source.name!r} ({type(source).__name__}) gives "
-                        "only an operator graph: use a PyTorch model (a zoo model or model=custom)")
+    if not isinstance(source, GraphSource) or (kind == "layer" and not isinstance(source, LayerGraphSource)):
+        what = "a layer graph source (harness.core.sources.LayerGraphSource)" if kind == "layer" else "a graph source (harness.core.sources.GraphSource)"
+        raise UserError(f"model {getattr(source, 'name', '?')!r} ({type(source).__name__}) is not {what}, which algo={algo.name} needs: "
+                        "give model._target_ a class with name, batch_size, graph_source and op_graph (and layer_graph)")
     t0 = time.perf_counter()
     if kind == "op":
         graph = source.op_graph(**gcfg)
     else:
         graph = source.layer_graph(precision=str(gcfg.get("precision", "fp32")), cache=bool(gcfg.get("cache", True)))
     capture_s = time.perf_counter() - t0
-    graph_source = str(getattr(source, "graph_source", "captured"))
+    graph_source = str(source.graph_source)
     t0 = time.perf_counter()
     plan = algo.plan(graph, cluster, costs)
     search_s = time.perf_counter() - t0
@@ -206,6 +228,9 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
     res = sim(plan.graph, plan.strategy, cluster, costs)
     sim_s = time.perf_counter() - t0
     summary = res.summary()
+    bound = problem_bound(graph, cluster, costs)
+    plain = result_config(cfg)
+    digests = input_digests(plain)
     row: dict[str, Any] = {
         "model": source.name,
         "cluster": cluster.name,
@@ -222,18 +247,39 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
         "graph_source": graph_source,
         "simulate_seconds": sim_s,
         **summary,
+        **bound,
+        "gap_to_bound": res.step_time_s / bound["lower_bound_s"] - 1.0 if bound["lower_bound_s"] > 0 else 0.0,
         "devices_used": len(plan.strategy.devices_used()),
         "algo_params": _jsonable(algo.describe()),
         "algo_info": _jsonable(plan.info),
         **{k: _jsonable(plan.info[k]) for k in LIFTED_INFO_KEYS if k in plan.info},
-        **({"costs_report": _jsonable(costs.report())} if hasattr(costs, "report") else {}),
+        "costs_report": _jsonable(costs.report()),
         **_worth(cfg, graph, cluster, costs, kind, res.step_time_s, plan.info, reference_cache),
         "seed": int(cfg.seed),
+        "precision": str(plain.get("precision", "fp32")),
+        "config": _jsonable(plain),
+        **({"input_files": digests} if digests else {}),
         "config_hash": config_hash(cfg),
         "versions": versions(),
         "git_sha": git_sha(),
     }
-    return Result(row=row, plan=plan, sim=res, cluster=cluster, graph=graph)
+    row.update(_checked_warnings(cfg, source, graph, cluster, costs, res.step_time_s, plan.info, row))
+    check_finite(row)
+    about = algo.about() if hasattr(algo, "about") else {}
+    return Result(row=row, plan=plan, sim=res, cluster=cluster, graph=graph, about=about)
+
+
+def _checked_warnings(cfg: Any, source: Any, graph: Any, cluster: Cluster, costs: Any, step_s: float,
+                      info: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """``warnings`` (what the source flags, a search slower in simulation than a baseline it
+    ranks no better) and the baseline comparison (:mod:`harness.app.result_checks`), which runs
+    with the worth references (``output.worth``)."""
+    warnings = source_warnings(source)
+    out: dict[str, Any] = {}
+    if (cfg.get("output") or {}).get("worth", True):
+        out = baseline_check(graph, cluster, costs, step_s, info, {"data_parallel": row.get("data_parallel_step_s")})
+        warnings += out.pop("warnings", [])
+    return {**out, **({"warnings": warnings} if warnings else {})}
 
 
 def _worth(cfg: Any, graph: Any, cluster: Cluster, costs: Any, kind: str, step_s: float, info: dict[str, Any],
@@ -260,62 +306,6 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, np.generic):
         return x.item()
     return x
-
-
-def format_bytes(b: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(b) < 1024 or unit == "TiB":
-            return f"{b:.1f} {unit}" if unit != "B" else f"{int(b)} B"
-        b /= 1024
-    return f"{b:.1f} TiB"
-
-
-def format_seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} us"
-
-
-def format_summary(row: dict[str, Any]) -> str:
-    """The table ``python -m harness`` prints."""
-    oom = "YES on devices " + ",".join(map(str, row.get("oom_devices", []))) if row["oom"] else "no"
-    lines = [
-        ("model", f"{row['model']} (batch {row['batch_size']})"),
-        ("nodes", f"{row['graph_nodes']} nodes, {row['graph_edges']} edges" + (
-            f" (plan: {row['plan_nodes']} nodes)" if row.get("plan_nodes") not in (None, row["graph_nodes"]) else "")),
-        ("devices", f"{row['num_devices']} on {row['cluster']} ({row.get('devices_used', '?')} used)"),
-        ("algorithm", row["algo"]),
-        ("search time", format_seconds(row["search_seconds"])),
-        ("step time", format_seconds(row["step_time_s"])),
-        *([("measured step", f"{format_seconds(row['measured_step_time_s'])} (real run, mean of {row.get('measured_steps')} steps)")]
-          if row.get("measured_step_time_s") is not None else []),
-        ("lower bound", f"{format_seconds(row['lower_bound_s'])} (gap {100 * row.get('gap_to_bound', 0.0):.1f}%)"),
-        *worth_lines(row),
-        ("OOM", oom),
-        ("bytes moved", format_bytes(row["comm_bytes"]) + (
-            " (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in row.get("bytes_by_class", {}).items() if v) + ")"
-            if any(row.get("bytes_by_class", {}).values()) else "")),
-        ("peak memory", format_bytes(max(row["peak_memory_bytes"])) + " (max over devices)"),
-    ]
-    w = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k:<{w}}  {v}" for k, v in lines)
-
-
-def worth_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
-    """Summary lines of :mod:`harness.app.worth`'s keys (none when the job did not compute them)."""
-    out: list[tuple[str, str]] = []
-    single = row.get("speedup_vs_single_device")
-    if single is not None:
-        flag = "  <- SLOWER THAN ONE DEVICE" if row.get("slower_than_single_device") else ""
-        out.append(("vs one device", f"{single:.2f}x ({format_seconds(row['single_device_step_s'])} on one device){flag}"))
-    dp = row.get("speedup_vs_data_parallel")
-    if dp is not None:
-        out.append(("vs data parallel", f"{dp:.2f}x ({format_seconds(row['data_parallel_step_s'])} data-parallel)"))
-    if row.get("estimate_gap") is not None:
-        out.append(("own estimate", f"{format_seconds(row['objective_s'])} ({100 * row['estimate_gap']:+.1f}% vs simulated)"))
-    return out
 
 
 def write_json_atomic(path: Path, obj: Any, indent: int | None = 1) -> None:

@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.core.errors import UserError
+
 _MEMO: dict[str, dict[str, float]] = {}
 
 
@@ -58,9 +60,13 @@ def simulate_references(graph: Any, cluster: Any, costs: Any, graph_kind: str) -
     from simulators.simulate import simulate
 
     single = SingleDevice().plan(graph, cluster, costs)
-    dp = DataParallel(graph=graph_kind).plan(graph, cluster, costs)
-    return {"single_device_s": float(simulate(graph, single.strategy, cluster, costs).step_time_s),
-            "data_parallel_s": float(simulate(graph, dp.strategy, cluster, costs).step_time_s)}
+    refs = {"single_device_s": float(simulate(graph, single.strategy, cluster, costs).step_time_s)}
+    try:
+        dp = DataParallel(graph=graph_kind).plan(graph, cluster, costs)
+    except UserError:  # a batch smaller than the device count: no data-parallel step to compare with
+        return refs
+    refs["data_parallel_s"] = float(simulate(graph, dp.strategy, cluster, costs).step_time_s)
+    return refs
 
 
 def worth(step_s: float, refs: dict[str, float], info: dict[str, Any]) -> dict[str, Any]:
@@ -71,11 +77,12 @@ def worth(step_s: float, refs: dict[str, float], info: dict[str, Any]) -> dict[s
     est = info.get("objective_s")
     gap = ratio(float(est), step_s) if isinstance(est, (int, float)) else None
     vs_single = ratio(refs["single_device_s"], step_s)
+    dp_s = refs.get("data_parallel_s")  # None when the batch cannot be split over the devices
     return {
         "single_device_step_s": refs["single_device_s"],
-        "data_parallel_step_s": refs["data_parallel_s"],
+        "data_parallel_step_s": dp_s,
         "speedup_vs_single_device": vs_single,
-        "speedup_vs_data_parallel": ratio(refs["data_parallel_s"], step_s),
+        "speedup_vs_data_parallel": None if dp_s is None else ratio(dp_s, step_s),
         "estimate_gap": gap - 1.0 if gap is not None else None,
         "slower_than_single_device": bool(vs_single is not None and vs_single < 1.0),
     }

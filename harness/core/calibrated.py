@@ -213,6 +213,9 @@ class CalibratedCostModel:
     def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
         return self.analytical.transfer_time(nbytes, src, dst)
 
+    def transfer_routes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self.analytical.transfer_routes()
+
     def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
         devs = list(devices)
         p = len(devs)

@@ -36,6 +36,12 @@ from harness.core.graph_rewrites import coarsen_runs
 from harness.core.kernels import GEMM_TARGETS
 from harness.core.precision import LOSS_SCALE, Precision, cuda_autocast
 
+#: ``graph.granularity``: as traced, through the core-aten decompositions, or runs of one module contracted
+GRANULARITIES: tuple[str, ...] = ("aten", "core_aten", "layer")
+#: ``graph.optimizer``: an SGD update after the backward pass, or no update ops
+OPTIMIZERS: tuple[str, ...] = ("sgd", "none")
+
+
 class CaptureError(UserError, RuntimeError):
     """The model could not be traced; the message names the model and the op or layer."""
 
@@ -313,9 +319,9 @@ def capture(
 
     prec = Precision(precision)
 
-    if granularity not in ("aten", "core_aten", "layer"):
+    if granularity not in GRANULARITIES:
         raise CaptureError(f"unknown granularity {granularity!r}: use aten, core_aten or layer")
-    if optimizer not in ("sgd", "none"):
+    if optimizer not in OPTIMIZERS:
         raise CaptureError(f"unknown optimizer {optimizer!r}: use sgd or none")
     if batch_size < 1:
         raise CaptureError(f"batch size must be >= 1, got {batch_size}")

@@ -13,10 +13,14 @@ cores; ``tf32``, ``float16``, ``bfloat16`` on tensor cores, dense); memory ``mem
 
 Every figure is checked where it is read, and a bad one is a :class:`ClusterError` naming its
 key as the user types it (``cluster.intra.bw_GBps must be > 0, got -5``): bandwidths, peaks
-and memory finite and > 0, latencies finite and >= 0, ``gpus``, ``nodes`` and other counts
-integers >= 1.  The checks (:func:`positive_number`, :func:`non_negative_number`,
-:func:`unit_fraction`, :func:`positive_int`, :func:`integer`) take the error class to raise, so
-the cost models and graph sources use them for their own keys.
+and memory finite, > 0 and in a plausible range (:data:`harness.core.topology.RANGES`: a
+subnormal bandwidth would make every transfer take forever), latencies finite and >= 0,
+``gpus``, ``nodes`` and other counts integers >= 1, and no more devices than the simulator's
+D x D route tables hold (:data:`MAX_ROUTE_BYTES`).  A key that a block does not take is refused
+with the nearest one it does ("did you mean cluster.intra.bw_GBps?"), at every level: the
+cluster, its device, ``intra`` by topology, ``inter``, ``host_link``, ``collective``,
+``host_comm``.  The checks of :mod:`harness.core.checks` take the error class to raise, so the
+cost models and graph sources use them for their own keys.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.checks import integer, non_negative_number, positive_int, positive_number
+from harness.core.checks import did_you_mean, integer, positive_int
 from harness.core.errors import ClusterError
-from harness.core.topology import Link, LinkBuilder, intra_routes, link_bandwidth, link_latency
+from harness.core.topology import LINK_KEYS, Link, LinkBuilder, block, figure, intra_routes, link_bandwidth, link_latency
 
 GIB = 2**30
 
@@ -182,33 +186,50 @@ class Cluster:
 DEVICE_KEYS: tuple[str, ...] = ("kind", "peak_tflops", "mem_bw_GBps", "mem_GiB")
 #: the math modes a device's ``peak_tflops`` may name (``float32`` is required)
 PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float64")
+#: other words for a device key, for "did you mean"
+DEVICE_ALIASES: dict[str, str] = {"peak": "peak_tflops", "tflops": "peak_tflops", "memory": "mem_GiB", "mem": "mem_GiB",
+                                  "mem_GB": "mem_GiB", "bandwidth": "mem_bw_GBps", "mem_bw": "mem_bw_GBps", "name": "kind"}
+#: the keys of a cluster config (``conf/cluster/*.yaml``, without ``_target_`` and ``defaults``)
+CLUSTER_KEYS: tuple[str, ...] = ("name", "device", "gpus", "nodes", "intra", "inter", "host_link", "collective", "host_comm")
+#: the keys of ``cluster.inter``, a host's NICs
+INTER_KEYS: tuple[str, ...] = (*LINK_KEYS, "nics_per_node")
+#: the most memory the route tables of a cluster may take (``routes`` and its arrays are D x D):
+#: about 2500 devices
+MAX_ROUTE_BYTES = 2**30
+#: what one pair of devices costs the route tables: a tuple of link ids (~100 bytes with its
+#: list slot), bandwidth and latency (16), a padded row of up to 6 link ids (48) and its length (8)
+ROUTE_PAIR_BYTES = 172
 
 
 def _peaks(peaks: Any, key: str) -> dict[str, float]:
     """FLOP/s per math mode from ``peak_tflops`` (one number: the FP32 peak; or a mapping by
-    :data:`PEAK_KEYS` with a ``float32`` entry), each > 0."""
+    :data:`PEAK_KEYS` with a ``float32`` entry), each in its plausible range."""
     if not isinstance(peaks, Mapping):
-        return {"float32": positive_number(peaks, key, ClusterError) * 1e12}
+        return {"float32": figure(peaks, key, "tflops") * 1e12}
     unknown = [str(k) for k in peaks if str(k) not in PEAK_KEYS]
     if unknown:
-        raise ClusterError(f"{key}.{unknown[0]} is not a math mode: peak_tflops takes {', '.join(PEAK_KEYS)}")
+        raise ClusterError(f"{key}.{unknown[0]} is not a math mode: {did_you_mean(unknown[0], PEAK_KEYS, f'{key}.')}"
+                           f"peak_tflops takes {', '.join(PEAK_KEYS)}")
     if "float32" not in peaks:
         raise ClusterError(f"{key}.float32 is missing: every device needs its FP32 peak (the fallback of the other modes)")
-    return {str(k): positive_number(v, f"{key}.{k}", ClusterError) * 1e12 for k, v in dict(peaks).items()}
+    return {str(k): figure(v, f"{key}.{k}", "tflops") * 1e12 for k, v in dict(peaks).items()}
 
 
 def device_spec(spec: Mapping[str, Any], key: str = "cluster.device") -> DeviceSpec:
     """Build a :class:`DeviceSpec` from a YAML mapping (``kind, peak_tflops, mem_bw_GBps, mem_GiB``)
     at config path ``key``; a missing, unknown or out-of-range key is a :class:`ClusterError`."""
+    if not isinstance(spec, Mapping):
+        raise ClusterError(f"{key} must be a mapping of {', '.join(DEVICE_KEYS)}, got {spec!r}")
     unknown = [str(k) for k in spec if str(k) not in DEVICE_KEYS]
     if unknown:
-        raise ClusterError(f"{key}.{unknown[0]} is not a device key: a device takes {', '.join(DEVICE_KEYS)}")
+        raise ClusterError(f"{key}.{unknown[0]} is not a device key: {did_you_mean(unknown[0], DEVICE_KEYS, f'{key}.', DEVICE_ALIASES)}"
+                           f"a device takes {', '.join(DEVICE_KEYS)}")
     missing = [k for k in DEVICE_KEYS if k not in spec]
     if missing:
         raise ClusterError(f"{key} is missing {missing[0]!r}: a device needs {', '.join(DEVICE_KEYS)}")
     return DeviceSpec(str(spec["kind"]), _peaks(spec["peak_tflops"], f"{key}.peak_tflops"),
-                      positive_number(spec["mem_bw_GBps"], f"{key}.mem_bw_GBps", ClusterError) * 1e9,
-                      int(positive_number(spec["mem_GiB"], f"{key}.mem_GiB", ClusterError) * GIB))
+                      figure(spec["mem_bw_GBps"], f"{key}.mem_bw_GBps", "GBps") * 1e9,
+                      int(figure(spec["mem_GiB"], f"{key}.mem_GiB", "GiB") * GIB))
 
 
 def build_cluster(
@@ -237,9 +258,10 @@ def build_cluster(
     """
 
     gpus, nodes = positive_int(gpus, "cluster.gpus", ClusterError), positive_int(nodes, "cluster.nodes", ClusterError)
+    _check_size(gpus * nodes)
     _check_meta(meta)
     spec = device_spec(device)
-    intra = dict(intra or {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0})
+    intra = intra if intra is not None else {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0}
     b = LinkBuilder()
     devices = [Device(h * gpus + g, f"n{h}/gpu{g}", spec, h) for h in range(nodes) for g in range(gpus)]
     d = len(devices)
@@ -253,17 +275,18 @@ def build_cluster(
     if nodes > 1:
         if inter is None:
             raise ClusterError(f"cluster {name!r} has {nodes} nodes but no inter-node link (inter:)")
-        nic_bw = link_bandwidth(inter, "inter")
-        nic_lat = link_latency(inter, 2.0, "inter")
+        inter = block(inter, "cluster.inter", INTER_KEYS)
+        nic_bw = link_bandwidth(inter, "cluster.inter")
+        nic_lat = link_latency(inter, 2.0, "cluster.inter")
         icls = str(inter.get("cls", "ib"))
         nics = integer(inter.get("nics_per_node", 1), "cluster.inter.nics_per_node", ClusterError)
         if not 1 <= nics <= gpus:
             raise ClusterError(f"cluster.inter.nics_per_node: {nics} must be between 1 and gpus ({gpus})")
         nic_of = [(dev.id % gpus) * nics // gpus for dev in devices]
         nic = [f"nic{m}" if nics > 1 else "nic" for m in range(nics)]
-        hl = dict(host_link or {"cls": "pcie", "bw_GBps": 16.0, "lat_us": 1.0})
-        hbw = link_bandwidth(hl, "host_link")
-        hlat = link_latency(hl, 1.0, "host_link")
+        hl = block(host_link if host_link is not None else {"cls": "pcie", "bw_GBps": 16.0, "lat_us": 1.0}, "cluster.host_link", LINK_KEYS)
+        hbw = link_bandwidth(hl, "cluster.host_link")
+        hlat = link_latency(hl, 1.0, "cluster.host_link")
         hcls = str(hl.get("cls", "pcie"))
         to_nic = [b.link(f"{dev.name}->{nic[nic_of[dev.id]]}", hcls, hbw, hlat / 2) for dev in devices]
         from_nic = [b.link(f"{nic[nic_of[dev.id]]}->{dev.name}", hcls, hbw, hlat / 2) for dev in devices]
@@ -277,16 +300,28 @@ def build_cluster(
     return Cluster(name, devices, b.links, routes, {"gpus_per_node": gpus, "nodes": nodes, **nic_meta, **meta})
 
 
-#: the keys of ``cluster.collective`` (a measured all-reduce) and their rule; both required
-COLLECTIVE_KEYS: dict[str, str] = {"lat_us": ">= 0", "bw_GBps": "> 0"}
+#: the keys of ``cluster.collective`` (a measured all-reduce) and their rule (a unit of
+#: :data:`harness.core.topology.RANGES`); both required
+COLLECTIVE_KEYS: dict[str, str] = {"lat_us": "us", "bw_GBps": "GBps"}
 #: the keys of ``cluster.host_comm`` and their rule: times >= 0, the copy rate and the time
-#: constants > 0 (:class:`simulators.hostcost.CpuHostCost` takes them)
+#: constants > 0 (``tau_us``), ``recv_when`` one of two words (:class:`simulators.hostcost.CpuHostCost` takes them)
 HOST_COMM_KEYS: dict[str, str] = {
-    "per_message_us": ">= 0", "copy_GBps": "> 0", "recv_idle_us": ">= 0",
-    "send_cold_us": ">= 0", "send_tau_us": "> 0", "recv_cold_us": ">= 0", "recv_tau_us": "> 0", "recv_when": "always | busy",
+    "per_message_us": "us", "copy_GBps": "GBps", "recv_idle_us": "us",
+    "send_cold_us": "us", "send_tau_us": "tau_us", "recv_cold_us": "us", "recv_tau_us": "tau_us", "recv_when": "always | busy",
 }
 #: the keys of a cluster config that land in ``Cluster.meta``
 META_KEYS: tuple[str, ...] = ("collective", "host_comm")
+
+
+def _check_size(devices: int) -> None:
+    """Refuse a cluster whose D x D route tables would take more than :data:`MAX_ROUTE_BYTES`,
+    before they are allocated."""
+    need = devices * devices * ROUTE_PAIR_BYTES
+    if need > MAX_ROUTE_BYTES:
+        most = int(math.isqrt(MAX_ROUTE_BYTES // ROUTE_PAIR_BYTES))
+        raise ClusterError(f"cluster.gpus x cluster.nodes = {devices} devices is more than the simulator represents: its "
+                           f"routes are a {devices} x {devices} table (about {need / 2**30:.3g} GiB, the limit is "
+                           f"{MAX_ROUTE_BYTES / 2**30:g} GiB, {most} devices); take fewer gpus or nodes")
 
 
 def _check_meta(meta: Mapping[str, Any]) -> None:
@@ -294,31 +329,26 @@ def _check_meta(meta: Mapping[str, Any]) -> None:
     and ``host_comm`` out of range, naming the key."""
     unknown = [str(k) for k in meta if k not in META_KEYS]
     if unknown:
-        raise ClusterError(f"cluster.{unknown[0]} is not a cluster key: a cluster takes name, device, gpus, nodes, intra, "
-                           f"inter, host_link, {', '.join(META_KEYS)}")
+        hint = did_you_mean(unknown[0], CLUSTER_KEYS, "cluster.", {"gpu": "gpus", "node": "nodes", "host": "host_link"})
+        raise ClusterError(f"cluster.{unknown[0]} is not a cluster key: {hint}a cluster takes {', '.join(CLUSTER_KEYS)}")
     if meta.get("collective") is not None:
         _check_figures(meta["collective"], "cluster.collective", COLLECTIVE_KEYS, required=tuple(COLLECTIVE_KEYS))
     if meta.get("host_comm") is not None:
         _check_figures(meta["host_comm"], "cluster.host_comm", HOST_COMM_KEYS, required=("copy_GBps",))
 
 
-def _check_figures(block: Any, key: str, rules: Mapping[str, str], required: Sequence[str]) -> None:
-    """Check a mapping of figures at ``key`` against ``rules`` (``> 0``, ``>= 0`` or the
-    choices ``a | b``): every key known, the ``required`` ones present, each value in range."""
-    if not isinstance(block, Mapping):
-        raise ClusterError(f"{key} must be a mapping of {', '.join(rules)}, got {block!r}")
-    unknown = [str(k) for k in block if k not in rules]
-    if unknown:
-        raise ClusterError(f"{key}.{unknown[0]} is not a key of {key}: it takes {', '.join(rules)}")
-    missing = [k for k in required if block.get(k) is None]
+def _check_figures(figures: Any, key: str, rules: Mapping[str, str], required: Sequence[str]) -> None:
+    """Check a mapping of figures at ``key`` against ``rules`` (a unit of
+    :data:`harness.core.topology.RANGES`, or the choices ``a | b``): every key known, the
+    ``required`` ones present, each value in range."""
+    figures = block(figures, key, tuple(rules))
+    missing = [k for k in required if figures.get(k) is None]
     if missing:
         raise ClusterError(f"{key}.{missing[0]} is missing: {key} needs {', '.join(required)}")
-    for k, v in block.items():
+    for k, v in figures.items():
         rule = rules[k]
-        if rule == "> 0":
-            positive_number(v, f"{key}.{k}", ClusterError)
-        elif rule == ">= 0":
-            non_negative_number(v, f"{key}.{k}", ClusterError)
+        if " | " not in rule:
+            figure(v, f"{key}.{k}", rule)
         elif v not in rule.split(" | "):
             raise ClusterError(f"{key}.{k} must be {' or '.join(map(repr, rule.split(' | ')))}, got {v!r}")
 

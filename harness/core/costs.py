@@ -176,8 +176,22 @@ class CostModel(Protocol):
         """w_i: seconds of one node (or one shard of it) on one device."""
         ...
 
+    #: how gradients are synchronised among replicas: ``ring`` (NCCL's ring all-reduce) or ``ps``
+    sync: str
+
     def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
         """c_ij: seconds to move ``nbytes`` from device ``src`` to device ``dst`` (0 when equal)."""
+        ...
+
+    def transfer_routes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(latency in s, bandwidth in bytes/s) ``[D, D]`` when :meth:`transfer_time` is exactly
+        ``lat[src, dst] + nbytes / bw[src, dst]`` (0 on the diagonal and for no bytes), so that a
+        scheduler may read the tables instead of calling it (and a compiled kernel can); None
+        when it is not.  A model that changes :meth:`transfer_time` answers this too."""
+        ...
+
+    def report(self) -> dict[str, Any]:
+        """What the model looked up for the graph it costed last (``costs_report`` in result.json)."""
         ...
 
     def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
@@ -248,6 +262,12 @@ class AnalyticalCostModel:
         if src == dst or nbytes <= 0:
             return 0.0
         return float(self.cluster.route_lat[src, dst] + nbytes / self.cluster.route_bw[src, dst])
+
+    def transfer_routes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self.cluster.route_lat, self.cluster.route_bw
+
+    def report(self) -> dict[str, Any]:
+        return {"model": "analytical", "sync": self.sync}
 
     def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
         devs = list(devices)

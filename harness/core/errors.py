@@ -26,3 +26,13 @@ class OptionError(UserError, ValueError):
 
 class ClusterError(UserError, ValueError):
     """A cluster description is invalid (no devices, unknown topology, missing bandwidth)."""
+
+
+class ConfigError(UserError, ValueError):
+    """A key of the top-level config (``seed``, ``graph.*``, ``output.*``, ...) is unknown or its
+    value is out of range; the message names the key (and the nearest known one)."""
+
+
+class OutputError(UserError):
+    """An output cannot be written where it was asked for (a read-only folder, a file in the
+    place of a directory); the message names the path and the option that chose it."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -59,23 +60,46 @@ from harness.core.kernels import KernelTable
 _JSON_KINDS: dict[type, str] = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
                                 type(None): "null"}
 
+#: the largest JSON file :func:`read_json_object` reads (a graph of millions of nodes fits)
+MAX_JSON_BYTES = 4 * 2**30
+
+
 def read_json_object(path: str | Path, what: str, error: type[UserError]) -> dict[str, Any]:
     """The JSON object in the file at ``path`` (``what`` names the file in messages, e.g.
     ``graph file``); a missing, unreadable, empty or malformed file, or one that holds another
-    JSON value, is ``error`` with the path and, where it applies, the JSON line and column."""
+    JSON value, is ``error`` with the path and, where it applies, the JSON line and column.
+    Only a regular file is opened (a FIFO would block, ``/dev/zero`` never ends), and at most
+    :data:`MAX_JSON_BYTES` of it; JSON nested too deeply to parse is refused, not a crash."""
     p = Path(path)
-    if not p.exists():
-        raise error(f"{what} {p} does not exist")
     try:
-        text = p.read_text()
+        st = p.stat()
+    except FileNotFoundError:
+        raise error(f"{what} {p} does not exist") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {p}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else \
+            "not a regular file"
+        raise error(f"{what} {p} is {kind}: expected a JSON file")
+    if st.st_size > MAX_JSON_BYTES:
+        raise error(f"{what} {p} has {st.st_size} bytes, more than the {MAX_JSON_BYTES} a JSON input may have")
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise error(f"cannot read {what} {p}: {getattr(e, 'strerror', None) or e}") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise error(f"{what} {p} is longer than the {MAX_JSON_BYTES} bytes a JSON input may have")
     if not text.strip():
         raise error(f"{what} {p} is empty (line 1, column 1): expected a JSON object")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{what} {p} is not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+    except RecursionError:
+        raise error(f"{what} {p} nests JSON arrays or objects too deeply to read") from None
     if not isinstance(value, dict):
         start = len(text) - len(text.lstrip())
         line = text.count("\n", 0, start) + 1
@@ -276,6 +300,8 @@ class OpGraph(EdgeListGraph):
                 )
         if isinstance(self.kernels, dict):
             self.kernels = KernelTable.from_dict(self.kernels)
+        if self.kernels is not None and not isinstance(self.kernels, KernelTable):
+            raise GraphError(f"OpGraph.kernels must be a KernelTable, its mapping or None, got {type(self.kernels).__name__}")
         if self.kernels is not None:
             self.kernels.check(n)
         if self.node_time_s is not None:
@@ -509,6 +535,10 @@ class OpGraph(EdgeListGraph):
         return self.summary()
 
 
+#: the longest measured time of one node a graph may give (a year; longer is no step a harness simulates)
+MAX_NODE_SECONDS = 3.2e7
+
+
 def _measured_arrays(given: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
     """``node_time_s`` checked and converted: a mapping from a device kind (or ``"*"``) to one
     entry per node, each null (None, NaN: not measured) or finite seconds >= 0.  A mistake is a
@@ -533,12 +563,13 @@ def _measured_arrays(given: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
             if t is None:
                 continue
             ok = isinstance(t, (int, float, np.integer, np.floating)) and not isinstance(t, bool)
-            if not ok or not np.isfinite(t) or t < 0:
-                if ok and np.isnan(t) and isinstance(given.get(kind), np.ndarray):
+            # a Python int may be beyond float64 (10**400): compared as it is, never converted first
+            if not ok or (isinstance(t, int) and not 0 <= t <= MAX_NODE_SECONDS) or not np.isfinite(t) or not 0 <= t <= MAX_NODE_SECONDS:
+                if ok and not isinstance(t, int) and np.isnan(t) and isinstance(given.get(kind), np.ndarray):
                     continue  # an in-memory array marks "not measured" with NaN
-                shown = show_number(float(t)) if ok else repr(t)
+                shown = show_number(t) if ok else repr(t)
                 raise GraphError(f"node {i} ({names[i]}) has {key} = {shown}; a measured time must be a finite number "
-                                 ">= 0 (seconds) or null")
+                                 f"in 0..{MAX_NODE_SECONDS:g} (seconds) or null")
             arr[i] = float(t)
         out[kind] = arr
     return out

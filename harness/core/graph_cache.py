@@ -4,9 +4,16 @@
 An entry is keyed by everything the captured graph depends on: the model config and the graph
 options (as the source gives them), the torch version, the harness version, and the content of
 the code that captures (every ``.py`` under ``harness/core``) and of the file defining the model's
-factory (a custom model outside the harness). An edit to any of them gives a new key, so an
-entry is never stale. Entries are pickles of the graph (an :class:`~harness.core.graph.OpGraph`
-without its fx module, or a :class:`~harness.core.layergraph.LayerGraph`).
+factory (a custom model outside the harness), and the entry format (:data:`FORMAT`). An edit
+to any of them gives a new key, so an entry is never stale.
+
+An entry can hold data only, never code: it is an ``.npz`` file read with ``allow_pickle=False``
+(:func:`encode`, :func:`decode`): the graph's arrays as arrays, everything else (names, shapes,
+the meta mapping) as one JSON document beside them, and the graph rebuilt by its own
+constructor, which checks it - the classes it may name are :data:`CLASSES`, nothing else.  A
+planted or corrupt file is read as a miss and captured again; entries of the earlier pickle
+format (``.pkl``) are never read.  A graph that holds anything else (a traced fx module) is
+not stored.
 
 Safe under parallel jobs: the first job to miss takes a per-entry file lock and captures; the
 others wait on the lock and then load what it wrote; an entry appears atomically (written to a
@@ -19,17 +26,30 @@ Where: ``$HARNESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/harness/graphs``, else
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
+import io
 import json
 import os
-import pickle
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
+from harness.core.graph import OpGraph
+from harness.core.kernels import KernelTable
+from harness.core.layergraph import LayerGraph
+
 CACHE_ENV = "HARNESS_CACHE_DIR"
+#: the entry format, part of every key: 2 = npz + JSON (1 was a pickle)
+FORMAT = 2
+#: the classes an entry may hold, by name; each is rebuilt by its constructor from its fields
+CLASSES: dict[str, type] = {c.__name__: c for c in (OpGraph, LayerGraph, KernelTable)}
+#: the array of an entry that holds its JSON document
+DOC = "__doc__"
 _CORE = Path(__file__).resolve().parent
 _DIGESTS: dict[str, str] = {}
 G = TypeVar("G")
@@ -87,7 +107,7 @@ def entry_key(kind: str, parts: Any) -> str:
     """The cache key of a ``kind`` graph (``op`` / ``layer``) of a source described by ``parts``."""
     import torch
 
-    blob = json.dumps([kind, parts, torch.__version__, harness_version(), code_digest()], sort_keys=True, default=str)
+    blob = json.dumps([kind, parts, torch.__version__, harness_version(), code_digest(), FORMAT], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -101,14 +121,92 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+class NotStorable(TypeError):
+    """A value the entry format cannot hold (see :func:`encode`)."""
+
+
+def encode(value: Any) -> dict[str, np.ndarray]:
+    """The arrays of an entry holding ``value``: a graph of :data:`CLASSES` (a dataclass, by its
+    constructor's fields), or any tree of dicts, lists, tuples, strings, numbers, booleans,
+    ``None``, numpy scalars and numpy arrays of numbers; ``DOC`` is the JSON document of the
+    tree, its arrays stand in it as ``{"@array": name}``.  Every JSON object of the document is
+    such a tag (a mapping is ``{"@dict": [[key, value], ...]}``), so that :func:`decode` reads it
+    in one pass of the JSON parser.  Anything else is :class:`NotStorable`."""
+    arrays: dict[str, np.ndarray] = {}
+
+    def enc(x: Any) -> Any:
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        if isinstance(x, np.ndarray):
+            if x.dtype.hasobject or x.dtype.kind not in "biufc":
+                raise NotStorable(f"an array of dtype {x.dtype}")
+            name = f"a{len(arrays)}"
+            arrays[name] = x
+            return {"@array": name}
+        if isinstance(x, np.generic):
+            return {"@scalar": x.dtype.str, "v": x.item()}
+        if isinstance(x, (list, tuple)):
+            items = [enc(v) for v in x]
+            return items if isinstance(x, list) else {"@tuple": items}
+        if isinstance(x, dict):
+            return {"@dict": [[enc(k), enc(v)] for k, v in x.items()]}
+        cls = type(x)
+        if CLASSES.get(cls.__name__) is cls:
+            fields = {f.name: enc(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init}
+            return {"@class": cls.__name__, "fields": fields}
+        raise NotStorable(f"a {cls.__module__}.{cls.__qualname__}")
+
+    doc = json.dumps(enc(value)).encode()
+    return {DOC: np.frombuffer(doc, dtype=np.uint8), **arrays}
+
+
+def decode(arrays: Any) -> Any:
+    """The value :func:`encode` stored, from the arrays of an entry (an ``np.load`` result); a
+    class not in :data:`CLASSES` is a ``KeyError``."""
+
+    def tag(x: dict[str, Any]) -> Any:  # every object of the document, innermost first
+        if "@array" in x:
+            return arrays[x["@array"]]
+        if "@tuple" in x:
+            return tuple(x["@tuple"])
+        if "@dict" in x:
+            return dict(x["@dict"])
+        if "@scalar" in x:
+            return np.dtype(x["@scalar"]).type(x["v"])
+        if "@class" in x:
+            return CLASSES[x["@class"]](**x["fields"])
+        return x  # the fields of a class, by name
+
+    return json.loads(bytes(np.asarray(arrays[DOC], dtype=np.uint8)).decode(), object_hook=tag)
+
+
 def _read(path: Path) -> Any | None:
     try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
+        with np.load(path, allow_pickle=False) as npz:
+            return decode({k: npz[k] for k in npz.files})
     except FileNotFoundError:
         return None
-    except Exception:  # noqa: BLE001 - a corrupt or foreign entry is captured again
+    except Exception:  # noqa: BLE001 - a corrupt, foreign or planted entry is captured again
         return None
+
+
+def _write(path: Path, value: Any) -> None:
+    """Store ``value`` at ``path`` atomically (a temporary file beside it, then renamed); a value
+    the format cannot hold, or a cache that cannot be written, is not stored."""
+    try:
+        arrays = encode(value)
+    except NotStorable:
+        return
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getbuffer())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def cached(kind: str, parts: Any, build: Callable[[], G], enabled: bool = True) -> tuple[G, bool]:
@@ -121,7 +219,7 @@ def cached(kind: str, parts: Any, build: Callable[[], G], enabled: bool = True) 
         root.mkdir(parents=True, exist_ok=True)
     except OSError:
         return build(), False  # no writable cache: capture as if it were off
-    path = root / f"{kind}-{entry_key(kind, parts)}.pkl"
+    path = root / f"{kind}-{entry_key(kind, parts)}.npz"
     hit = _read(path)
     if hit is not None:
         return hit, True
@@ -130,12 +228,5 @@ def cached(kind: str, parts: Any, build: Callable[[], G], enabled: bool = True) 
         if hit is not None:
             return hit, True
         graph = build()
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=path.stem, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(graph, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        _write(path, graph)
     return graph, False

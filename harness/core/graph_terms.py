@@ -31,5 +31,9 @@ class GraphError(UserError, ValueError):
 
 
 def show_number(x: float) -> str:
-    """A number as the file wrote it (``-3``, ``1.5``, ``nan``)."""
-    return str(int(x)) if np.isfinite(x) and x == int(x) else repr(float(x))
+    """A number as the file wrote it (``-3``, ``1.5``, ``nan``), a huge one in short (``1e+30``)."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return str(x) if abs(x) < 10**16 else f"{str(x)[:4]}... ({len(str(abs(x)))} digits)"
+    if not np.isfinite(x) or abs(x) < 1e16:
+        return str(int(x)) if np.isfinite(x) and x == int(x) else repr(float(x))
+    return f"{float(x):.3g}"

@@ -17,6 +17,8 @@ layer graph by :mod:`harness.core.layerfx`.
   would not read is left out, :func:`head_options`).  ``auto`` picks
   ``masked_lm`` for an architecture with a masked-LM head (the encoders: BERT, RoBERTa, ...),
   else ``causal_lm`` (the decoders: GPT-2, Llama, ...), else ``base``.
+* **Encoder-decoders** (T5, BART, ...): the decoder reads the input shifted right behind the
+  decoder start token (:class:`TokenModel`, :func:`decoder_start`).
 * **Capture settings**: the KV cache is off (``use_cache=False`` unless ``model.config`` says
   otherwise: a cache is state the trace cannot follow).  The model runs in training mode
   (dropout included), with the attention implementation transformers picks for the config
@@ -24,7 +26,9 @@ layer graph by :mod:`harness.core.layerfx`.
 * **Checks** (when the source is built, before anything is traced): an unknown model key, an
   architecture transformers does not know, a key under ``model.config`` the architecture's config
   does not have (``model.config.n_layerz``), a task the architecture has no head for and a
-  ``seq_len`` beyond the context length are each one line naming the key.  Without
+  ``seq_len`` beyond the context length are each one line naming the key; so are values the model
+  could be built from but not run (:func:`check_config_values`: a size that is not a positive
+  integer, heads that do not divide, a ``pad_token_id`` outside the vocabulary).  Without
   ``transformers`` installed, ``model=hf`` says how to install it (``pip install -e '.[hf]'``).
   A model that builds but cannot be traced is one line naming it, the cause and the usual fixes.
 
@@ -35,7 +39,6 @@ vocabulary, which no training step reads) are silenced while the config and the 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import inspect
 import logging as std_logging
 import re
@@ -45,7 +48,7 @@ import torch
 from torch import nn
 
 from harness.core.capture import CaptureError
-from harness.core.checks import positive_int
+from harness.core.checks import did_you_mean, positive_int
 from harness.core.errors import UserError
 from harness.core.layergraph import LayerGraphError
 from harness.core.models import ModelConfigError, TorchModel
@@ -74,6 +77,13 @@ INSTALL_HINT = "pip install -e '.[hf]'"
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 #: the longest excerpt of an underlying error quoted in a one-line message
 EXCERPT_CHARS = 240
+#: the sizes a config may hold (canonical names; an architecture's own spelling through its
+#: ``attribute_map``): where the config has one as a number, it must be a positive integer
+SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+             "head_dim", "d_ff", "num_decoder_layers", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+             "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "embedding_size")
+#: attention-head counts whose heads split the hidden size (unless the config sets a head size of its own)
+HEAD_KEYS = ("num_attention_heads", "encoder_attention_heads", "decoder_attention_heads")
 #: the oldest transformers release model=hf was tested with (pyproject.toml's ``hf`` extra): 5.0 to 5.3
 #: capture GPT-2 but not Llama or GPT-NeoX (rotary embeddings under autocast on the meta device)
 MIN_VERSION = (5, 4)
@@ -151,9 +161,8 @@ def default_config(arch: str) -> Any:
     transformers = transformers_module()
     known = sorted(transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES)
     if arch not in known:
-        near = difflib.get_close_matches(arch, known, n=3)
-        hint = f"did you mean {', '.join(near)}? " if near else ""
-        raise ModelConfigError(f"model.arch={arch} is not an architecture of transformers {transformers.__version__}: {hint}"
+        raise ModelConfigError(f"model.arch={arch} is not an architecture of transformers {transformers.__version__}: "
+                               f"{did_you_mean(arch, known, 'model.arch=')}"
                                "give a model type such as gpt2, llama, gpt_neox or bert")
     with quiet_transformers():
         return transformers.AutoConfig.for_model(arch)
@@ -175,9 +184,66 @@ def check_config_keys(arch: str, config: Any, keys: list[str]) -> None:
     for key in keys:
         if key in known or (not key.startswith("_") and hasattr(config, key) and not callable(getattr(config, key))):
             continue
-        near = difflib.get_close_matches(key, sorted(known), n=3)
-        hint = f"did you mean {', '.join(near)}?" if near else "fix the name or remove the key"
-        raise ModelConfigError(f"model.config.{key} is not a key of the {arch} config ({type(config).__name__}): {hint}")
+        hint = did_you_mean(key, sorted(known), "model.config.") or "fix the name or remove the key"
+        raise ModelConfigError(f"model.config.{key} is not a key of the {arch} config ({type(config).__name__}): {hint.strip()}")
+
+
+def attribute_name(config: Any, key: str) -> str:
+    """The attribute of ``config`` that holds ``key`` (GPT-2's ``n_head`` for ``num_attention_heads``)."""
+    return (getattr(config, "attribute_map", None) or {}).get(key, key)
+
+
+def typed_key(config: Any, attribute: str, overrides: Mapping[str, Any]) -> str:
+    """``model.config.<key>`` for a config attribute, spelt as the user gave it (an alias or the
+    attribute itself; of two that both set it, the one whose value it holds), else as the attribute."""
+    given = sorted((k for k in overrides if attribute_name(config, k) == attribute),
+                   key=lambda k: overrides[k] != getattr(config, attribute, None))
+    return f"model.config.{given[0] if given else attribute}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config_values(arch: str, config: Any, overrides: Mapping[str, Any]) -> None:
+    """Refuse, naming ``model.config.<key>``, what the model could be built from but not run:
+    a size of :data:`SIZE_KEYS` that is not a positive integer (``n_head=-1``, ``vocab_size=0``),
+    query heads that the key/value heads do not divide, a hidden size the heads do not divide
+    (unless the config sets a head size of its own, as T5's ``d_kv``), and a ``pad_token_id`` (the
+    embedding's padding index) outside the vocabulary."""
+    attrs = list(dict.fromkeys(attribute_name(config, k) for k in SIZE_KEYS))
+    for attr in attrs:
+        value = getattr(config, attr, None)
+        user = any(attribute_name(config, k) == attr for k in overrides)
+        if value is None or (not _is_int(value) and not user):  # a list of per-layer sizes by default, say
+            continue
+        if not _is_int(value) or value < 1:
+            raise ModelConfigError(f"{typed_key(config, attr, overrides)} must be a positive integer, got {value!r}")
+
+    def value_of(key: str) -> tuple[int | None, str]:
+        attr = attribute_name(config, key)
+        value = getattr(config, attr, None)
+        return (value if _is_int(value) else None), typed_key(config, attr, overrides)
+
+    heads, heads_key = value_of("num_attention_heads")
+    kv, kv_key = value_of("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise ModelConfigError(f"{heads_key}={heads} is not a multiple of {kv_key}={kv}: every key/value head serves the same "
+                               f"number of query heads; make {heads_key} a multiple of {kv_key}")
+    hidden, hidden_key = value_of("hidden_size")
+    for key in dict.fromkeys(attribute_name(config, k) for k in HEAD_KEYS):
+        n, n_key = value_of(key)
+        head_dim = getattr(config, attribute_name(config, "head_dim"), None)
+        own_size = _is_int(head_dim) and n and hidden and head_dim != hidden // n  # T5's d_kv: not hidden / heads
+        if hidden and n and hidden % n and not own_size:
+            raise ModelConfigError(f"{hidden_key}={hidden} is not divisible by {n_key}={n}: the heads split the hidden size; "
+                                   f"make {hidden_key} a multiple of {n_key}")
+    vocab, vocab_key = value_of("vocab_size")
+    pad, pad_key = value_of("pad_token_id")
+    if vocab and pad is not None and not -vocab <= pad < vocab:
+        given = "" if any(attribute_name(config, k) == "pad_token_id" for k in overrides) else f" (the {arch} default)"
+        raise ModelConfigError(f"{pad_key}={pad}{given} is not a token of the vocabulary ({vocab_key}={vocab}): it is the "
+                               f"embedding's padding index; set ++model.config.pad_token_id to an id below {vocab}")
 
 
 def context_length(config: Any) -> tuple[int | None, str]:
@@ -199,7 +265,23 @@ def hf_module(arch: str, config: Mapping[str, Any] | None = None, task: str = "c
     with quiet_transformers():
         cfg = transformers.AutoConfig.for_model(arch, **{**CAPTURE_DEFAULTS, **dict(config or {})})
         model = getattr(transformers, auto_class).from_config(cfg, **head_options(arch, task))
-    return TokenModel(model, output)
+    return TokenModel(model, output, decoder_start(cfg, type(model)))
+
+
+def model_class(arch: str, task: str) -> Any:
+    """The transformers class the Auto class of ``task`` builds for ``arch`` (None if there is none)."""
+    from transformers.models.auto import modeling_auto
+
+    name = getattr(modeling_auto, TASK_MAPPINGS[task]).get(arch)
+    return getattr(transformers_module(), name, None) if isinstance(name, str) else None
+
+
+def takes_argument(fn: Any, name: str) -> bool:
+    """Whether ``fn``'s signature has a parameter ``name`` (False where it has no signature to read)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def head_options(arch: str, task: str) -> dict[str, Any]:
@@ -208,29 +290,46 @@ def head_options(arch: str, task: str) -> dict[str, Any]:
     parameters would get no gradient (which the capture refuses)."""
     if task != "base":
         return {}
-    from transformers.models.auto import modeling_auto
+    cls = model_class(arch, task)
+    return {"add_pooling_layer": False} if cls is not None and takes_argument(cls.__init__, "add_pooling_layer") else {}
 
-    name = modeling_auto.MODEL_MAPPING_NAMES.get(arch)
-    cls = getattr(transformers_module(), name, None) if isinstance(name, str) else None
-    try:
-        takes = cls is not None and "add_pooling_layer" in inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):  # no signature to read
-        takes = False
-    return {"add_pooling_layer": False} if takes else {}
+
+def decoder_start(config: Any, cls: Any) -> int | None:
+    """The token an encoder-decoder model's decoder starts with, where ``cls`` (the model class)
+    takes decoder inputs: the config's ``decoder_start_token_id``, else its ``pad_token_id`` (T5's
+    convention); None for a model without a decoder of its own (it then reads the input alone).
+    Both None: -1, which :meth:`HFModel._check_decoder_start` refuses."""
+    if not getattr(config, "is_encoder_decoder", False) or cls is None or not takes_argument(cls.forward, "decoder_input_ids"):
+        return None
+    for key in ("decoder_start_token_id", "pad_token_id"):
+        value = getattr(config, key, None)
+        if _is_int(value):
+            return value
+    return -1
 
 
 class TokenModel(nn.Module):
     """A transformers model whose forward takes token ids and returns one tensor (``output`` of its
     model output: the logits or the last hidden state); the model is its child ``hf``, so layer
-    and parameter names read ``hf.<the model's own path>``."""
+    and parameter names read ``hf.<the model's own path>``.
 
-    def __init__(self, model: nn.Module, output: str) -> None:
+    An encoder-decoder model (``start`` not None) gets the decoder inputs a seq2seq training step
+    feeds it: the input shifted right by one behind the start token (teacher forcing on the same
+    sequence, BART's denoising objective without the noise), so that the logits at position t
+    predict token t."""
+
+    def __init__(self, model: nn.Module, output: str, start: int | None = None) -> None:
         super().__init__()
         self.hf = model
         self.output = output
+        self.start = start
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return getattr(self.hf(input_ids=input_ids), self.output)
+        if self.start is None:
+            return getattr(self.hf(input_ids=input_ids), self.output)
+        first = torch.full_like(input_ids[:, :1], self.start)
+        decoder_ids = torch.cat([first, input_ids[:, :-1]], dim=1)
+        return getattr(self.hf(input_ids=input_ids, decoder_input_ids=decoder_ids), self.output)
 
 
 #: config attributes that say an architecture routes tokens to experts (a mixture of experts)
@@ -284,9 +383,7 @@ class HFModel(TorchModel):
         model_name = str(name or self.arch)
         if extra:
             key = sorted(str(k) for k in extra)[0]
-            near = difflib.get_close_matches(key, MODEL_KEYS, n=1)
-            hint = f"did you mean model.{near[0]}? " if near else ""
-            raise ModelConfigError(f"model.{key} is not a key of model {model_name!r}: {hint}HFModel takes {', '.join(MODEL_KEYS)}; "
+            raise ModelConfigError(f"model.{key} is not a key of model {model_name!r}: {did_you_mean(key, MODEL_KEYS, 'model.')}HFModel takes {', '.join(MODEL_KEYS)}; "
                                    "a key of the architecture's config goes under model.config (+model.config.n_layer=4)")
         overrides = _mapping(config)
         default = default_config(self.arch)
@@ -297,12 +394,15 @@ class HFModel(TorchModel):
                 self.config = transformers.AutoConfig.for_model(self.arch, **{**CAPTURE_DEFAULTS, **overrides})
         except Exception as e:  # noqa: BLE001 - a value the config class refuses
             raise ModelConfigError(f"model.config: the {self.arch} config refuses these values: {one_line(e, EXCERPT_CHARS)}") from e
-        self.task = self._task(str(task))
-        self.seq_len = self._seq_len(seq_len)
+        self.overrides = overrides
         vocab = getattr(self.config, "vocab_size", None)
-        if not isinstance(vocab, int) or vocab < 1:
+        if vocab is None:
             raise ModelConfigError(f"model {model_name!r}: the {self.arch} config has no vocab_size, so its token inputs "
                                    "cannot be made; model=hf takes text models")
+        check_config_values(self.arch, self.config, overrides)
+        self.task = self._task(str(task))
+        self._check_decoder_start(vocab)
+        self.seq_len = self._seq_len(seq_len)
         tokens = {"shape": [self.seq_len], "dtype": "int64", "high": vocab}
         if self.task == "base":
             hidden = getattr(self.config, "hidden_size", None)
@@ -334,6 +434,23 @@ class HFModel(TorchModel):
                                    f"it has {', '.join(have) or 'none of ' + ', '.join(TASKS)}")
         return task
 
+    def _check_decoder_start(self, vocab: int) -> None:
+        """An encoder-decoder model's decoder start token (:func:`decoder_start`) exists and is in the vocabulary."""
+        start = decoder_start(self.config, model_class(self.arch, self.task))
+        if start is None:
+            return
+        key = typed_key(self.config, "decoder_start_token_id", self.overrides)
+        if start == -1:
+            raise ModelConfigError(f"{key}: the {self.arch} model is an encoder-decoder, whose decoder reads the input shifted "
+                                   "right behind a start token, and its config names none (nor a pad_token_id); set "
+                                   "++model.config.decoder_start_token_id=0")
+        if not 0 <= start < vocab:
+            which = key if getattr(self.config, "decoder_start_token_id", None) is not None else typed_key(self.config, "pad_token_id",
+                                                                                                           self.overrides)
+            raise ModelConfigError(f"{which}={start} is not a token of the vocabulary (vocab_size={vocab}): the decoder of the "
+                                   f"{self.arch} encoder-decoder starts with it; set ++model.config.decoder_start_token_id to an id "
+                                   f"below {vocab}")
+
     def _seq_len(self, seq_len: Any) -> int:
         """``model.seq_len`` (None: the context length), within the context length."""
         limit, key = context_length(self.config)
@@ -354,9 +471,20 @@ class HFModel(TorchModel):
             return hf_module(self.arch, self.module_cfg["config"], self.task)
         except UserError:
             raise
-        except Exception as e:  # noqa: BLE001 - e.g. a hidden size the heads do not divide
+        except Exception as e:  # noqa: BLE001 - a combination of values the model's code refuses
             raise HFBuildError(f"could not build model {self.name!r} ({self.arch}, {TASKS[self.task][0]}) from model.config: "
-                               f"{type(e).__name__}: {one_line(e, EXCERPT_CHARS)}") from e
+                               f"{type(e).__name__}: {one_line(e, EXCERPT_CHARS)}; {self._suspects(e)}") from e
+
+    def _suspects(self, err: BaseException) -> str:
+        """The config keys a build error may be about: those its message names, else those the user set."""
+        words = list(dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(err))))
+        keys = set(config_keys(self.config))
+        named = [w for w in words if w in keys]
+        if named:
+            return "check " + ", ".join(f"model.config.{k}={getattr(self.config, k, None)!r}" for k in named)
+        if self.overrides:
+            return "the values given: " + ", ".join(f"model.config.{k}={v!r}" for k, v in self.overrides.items())
+        return f"the {self.arch} defaults (no model.config given)"
 
     def op_graph(self, *args: Any, **kwargs: Any) -> Any:
         """:meth:`TorchModel.op_graph`, a trace failure reported with the usual fixes (:func:`trace_failure`)."""

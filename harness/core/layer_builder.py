@@ -111,6 +111,15 @@ class LayerGraphBuilder:
         self._names.add(name)
         return name
 
+    def _window(self, kernel: int | Sequence[int], stride: int | Sequence[int], pad: int | Sequence[int],
+                op: str) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """A window's kernel and stride (integers >= 1) and padding (>= 0), each a pair."""
+        (r, s), (sr, ss), (pr, ps) = _pair(kernel), _pair(stride), _pair(pad)
+        if min(r, s, sr, ss) < 1 or min(pr, ps) < 0:
+            raise LayerGraphError(f"{self.name}: {op} needs a kernel and a stride >= 1 and a padding >= 0, got kernel {(r, s)}, "
+                                  f"stride {(sr, ss)}, padding {(pr, ps)}")
+        return (r, s), (sr, ss), (pr, ps)
+
     def _check(self, x: Any, rank: int | None, op: str) -> Tensor:
         if not isinstance(x, Tensor):
             raise LayerGraphError(f"{self.name}: {op} takes a Tensor from this builder, got {type(x).__name__}")
@@ -126,6 +135,10 @@ class LayerGraphBuilder:
         node_name = self._name(name, op)
         itemsize = self.itemsize if itemsize is None else itemsize
         out_shape = tuple(int(s) for s in out_shape)
+        bad = {k: int(x) for k, x in dims.items() if int(x) < 1}
+        if bad or any(x < 0 for x in out_shape):
+            raise LayerGraphError(f"{self.name}: {op} {node_name} has dims {dict(dims)} and output shape {out_shape}: a dim must be >= 1, "
+                                  "an output size >= 0 (check the sizes its inputs and arguments give)")
         a = dict(attrs or {})
         a.setdefault("op", op)
         out_bytes = math.prod(out_shape) * itemsize
@@ -168,7 +181,7 @@ class LayerGraphBuilder:
         """A 2-D convolution (PaSE's Conv; no bias) with ``pw`` fused pointwise ops."""
         x = self._check(x, 4, "conv2d")
         b, c, h, w = x.shape
-        (r, s), (sr, ss), (pr, ps) = _pair(kernel), _pair(stride), _pair(pad)
+        (r, s), (sr, ss), (pr, ps) = self._window(kernel, stride, pad, "conv2d")
         ho, wo = _conv_out(h, r, sr, pr), _conv_out(w, s, ss, ps)
         if ho < 1 or wo < 1:
             raise LayerGraphError(f"{self.name}: conv2d on {x.shape} with kernel {(r, s)} gives no output")
@@ -188,8 +201,10 @@ class LayerGraphBuilder:
         """A 2-D max / average pooling (PaSE's Pooling)."""
         x = self._check(x, 4, "pool2d")
         b, c, h, w = x.shape
-        (r, s), (sr, ss), (pr, ps) = _pair(kernel), _pair(stride), _pair(pad)
+        (r, s), (sr, ss), (pr, ps) = self._window(kernel, stride, pad, "pool2d")
         ho, wo = _conv_out(h, r, sr, pr), _conv_out(w, s, ss, ps)
+        if ho < 1 or wo < 1:
+            raise LayerGraphError(f"{self.name}: pool2d on {x.shape} with kernel {(r, s)} gives no output")
         axes = ("sample", "channel", "height", "width")
         dims = {**dict(zip(axes, (b, c, ho, wo))), "kernel_h": r, "kernel_w": s}
         flops = float(b * c * ho * wo * r * s)

@@ -102,6 +102,7 @@ import numpy as np
 
 from harness.core.errors import UserError
 from harness.core.graph import EdgeListGraph, read_json_object
+from harness.core.graph_file import MAX_SIZE, figures
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -116,6 +117,21 @@ Range = tuple[int, int]
 
 class LayerGraphError(UserError, ValueError):
     """A layer graph cannot be built (untraceable model, bad input spec) or is malformed."""
+
+
+def _size(x: Any, what: str, lo: int) -> int:
+    """``x`` as an int in ``lo..MAX_SIZE``, else a :class:`LayerGraphError` naming ``what``."""
+    whole = not isinstance(x, bool) and (isinstance(x, (int, np.integer)) or (isinstance(x, float) and x.is_integer()))
+    if not whole or not lo <= int(x) <= MAX_SIZE:
+        raise LayerGraphError(f"{what} has {x!r}; a size must be an integer in {lo}..{MAX_SIZE}")
+    return int(x)
+
+
+def _sizes(dims: Any, layer: str) -> dict[str, int]:
+    """A layer's iteration domain ``{dim: size}``, each size an integer in 1..MAX_SIZE."""
+    if not isinstance(dims, Mapping):
+        raise LayerGraphError(f"node {layer}: dims must be a mapping from dim name to size, got {type(dims).__name__}")
+    return {str(k): _size(v, f"node {layer}: dim {k!r}", 1) for k, v in dims.items()}
 
 
 def part(n: int, p: int, i: int) -> Range:
@@ -155,20 +171,32 @@ class LayerGraph(EdgeListGraph):
     def __post_init__(self) -> None:
         n = len(self.names)
         self.names = list(self.names)
+        if not all(isinstance(x, str) for x in self.names):
+            raise LayerGraphError("LayerGraph.names must be a list of layer names (strings)")
+        if not isinstance(self.meta, dict):
+            raise LayerGraphError(f"LayerGraph.meta must be a mapping (a JSON object), got {type(self.meta).__name__}")
         self.kinds = list(self.kinds)
-        self.dims = [dict(d) for d in self.dims]
+        self.dims = [_sizes(d, self.names[v] if v < n else str(v)) for v, d in enumerate(self.dims)]
         self.parallel_dims = [tuple(p) for p in self.parallel_dims]
-        self.out_shape = [tuple(int(x) for x in s) for s in self.out_shape]
+        self.out_shape = [tuple(_size(x, f"node {self.names[v] if v < n else v}: out_shape", 0) for x in s)
+                          for v, s in enumerate(self.out_shape)]
         self.out_dims = [tuple(d) for d in self.out_dims]
         self.in_dims = [[tuple(a) for a in ports] for ports in self.in_dims]
         self.attrs = [dict(a) for a in self.attrs]
-        self.flops_fwd = np.asarray(self.flops_fwd, dtype=np.float64)
-        self.flops_bwd = np.asarray(self.flops_bwd, dtype=np.float64)
-        self.param_bytes = np.asarray(self.param_bytes, dtype=np.int64)
-        self.out_bytes = np.asarray(self.out_bytes, dtype=np.int64)
+
+        def node(i: int) -> str:
+            return f"node {i} ({self.names[i]})" if i < n else f"node {i}"
+
+        def length(values: Any) -> int:  # the lengths are checked by _validate, with the field's name
+            return len(values) if hasattr(values, "__len__") else -1
+
+        self.flops_fwd = figures(self.flops_fwd, "flops_fwd", length(self.flops_fwd), False, node, LayerGraphError)
+        self.flops_bwd = figures(self.flops_bwd, "flops_bwd", length(self.flops_bwd), False, node, LayerGraphError)
+        self.param_bytes = figures(self.param_bytes, "param_bytes", length(self.param_bytes), True, node, LayerGraphError).astype(np.int64)
+        self.out_bytes = figures(self.out_bytes, "out_bytes", length(self.out_bytes), True, node, LayerGraphError).astype(np.int64)
         self.src = np.asarray(self.src, dtype=np.int32)
         self.dst = np.asarray(self.dst, dtype=np.int32)
-        self.nbytes = np.asarray(self.nbytes, dtype=np.int64)
+        self.nbytes = figures(self.nbytes, "nbytes", length(self.nbytes), True, lambda e: f"edge {e}", LayerGraphError).astype(np.int64)
         self.dst_port = np.asarray(self.dst_port, dtype=np.int32)
         if self.src_port is None:
             self.src_port = np.zeros(len(self.src), dtype=np.int32)
@@ -304,10 +332,6 @@ class LayerGraph(EdgeListGraph):
             elif name not in ("sample", "channel", "in_channel"):
                 m_ *= size
         return (m_, d["channel"], k_)
-
-    def parallel_sizes(self, v: int) -> tuple[int, ...]:
-        """Sizes of v's parallel dims, in ``parallel_dims[v]`` order."""
-        return tuple(self.dims[v][d] for d in self.parallel_dims[v])
 
     def dim_table(self) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Array view of all iteration domains for vectorised config sweeps.
@@ -486,7 +510,7 @@ class LayerGraph(EdgeListGraph):
             return cls(**{k: v for k, v in d.items() if k != "format"})
         except LayerGraphError:
             raise
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
             raise LayerGraphError(f"malformed layer graph ({type(e).__name__}: {e})") from None
 
     def save(self, path: str | Path) -> None:

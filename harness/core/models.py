@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -49,7 +50,8 @@ from harness.core.graph_rewrites import colocate_gradients
 from harness.core.checks import integer, non_negative_number, positive_int, positive_number
 from harness.core.errors import UserError
 from harness.core.graph_cache import cached, source_file_digest
-from harness.core.graph import BATCHED, FORWARD, GRAPH_FORMAT, GraphError, OpGraph, read_json_object
+from harness.core.graph import BATCHED, FORWARD, GRAPH_FORMAT, PARTIAL, GraphError, OpGraph, read_json_object
+from harness.core.graph_file import MAX_SIZE
 from harness.core.layergraph import LAYERGRAPH_FORMAT, LayerGraph
 
 _CACHE: dict[str, OpGraph] = {}
@@ -290,6 +292,8 @@ class SyntheticGraph:
     (``python -m experiments graph_stats`` prints it).
     """
 
+    graph_source: str = "generated"
+
     def __init__(
         self,
         name: str = "synthetic",
@@ -317,6 +321,28 @@ class SyntheticGraph:
         self.ref_flops = positive_number(ref_tflops, "model.ref_tflops", ModelConfigError) * 1e12
         self.ref_bw = positive_number(ref_bw_GBps, "model.ref_bw_GBps", ModelConfigError) * 1e9
         self.batch_size = positive_int(batch_size, "model.batch_size", ModelConfigError)
+        self._check_size()
+
+    #: the most memory a generated graph may take (its arrays, names and the edges while they are drawn)
+    MAX_BYTES = 4 * 2**30
+    #: what a node costs: its name and target (~70 bytes), its arrays (~45) and what the graph's
+    #: users keep per node (~85); an edge: its arrays while drawn and deduplicated, then kept (~120)
+    NODE_BYTES, EDGE_BYTES = 200, 120
+
+    def _check_size(self) -> None:
+        """Refuse a graph that would take more than :data:`MAX_BYTES` to generate, before allocating it."""
+        edges = self.nodes * (self.degree + self.skip)
+        need = self.nodes * self.NODE_BYTES + edges * self.EDGE_BYTES
+        if need > self.MAX_BYTES:
+            raise ModelConfigError(f"model.nodes={self.nodes} with model.degree={self.degree:g} is a graph of about {edges:.3g} "
+                                   f"edges, about {need / 2**30:.3g} GiB to generate; the limit is {self.MAX_BYTES / 2**30:g} GiB: "
+                                   "take fewer nodes or a smaller degree")
+        flops = 1.5 * self.nodes * self.gflops * 1e9  # the most the nodes' work can add up to
+        moved = self.ccr * flops / self.ref_flops * self.ref_bw  # the edges' bytes, all together
+        if not math.isfinite(flops) or not moved < 2**62:
+            raise ModelConfigError(f"model.gflops={self.gflops:g} and model.ccr={self.ccr:g} (against model.ref_tflops and "
+                                   f"model.ref_bw_GBps) give {self.nodes} nodes about {flops:.3g} FLOPs and their edges about "
+                                   f"{moved:.3g} bytes, more than a count of bytes holds (2^62): take smaller figures")
 
     def op_graph(self, granularity: str = "aten", optimizer: str = "sgd", batch_probe: bool = True, keep_fx: bool = False,
                  colocate_gradients: bool = False, precision: str = "fp32", cache: bool = True) -> OpGraph:
@@ -326,9 +352,11 @@ class SyntheticGraph:
         n = self.nodes
         # layer widths: width +- 50%, covering n nodes
         widths: list[int] = []
-        while sum(widths) < n:
+        total = 0  # sum(widths), kept: summing in the loop is quadratic in the layers
+        while total < n:
             widths.append(int(rng.integers(max(1, self.width // 2), self.width + self.width // 2 + 1)))
-        widths[-1] -= sum(widths) - n
+            total += widths[-1]
+        widths[-1] -= total - n
         starts = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
         layer_of = np.repeat(np.arange(len(widths)), widths)
         v = np.arange(starts[1] if len(widths) > 1 else n, n)  # nodes with a previous layer
@@ -362,6 +390,12 @@ class SyntheticGraph:
                   "ccr_ref": self.ccr, "seed": self.seed, "in_bytes": in_b.sum().item()},
         )
 
+    def layer_graph(self, precision: str = "fp32", cache: bool = True) -> LayerGraph:
+        """Refused: a generated DAG of operators has no layers to split."""
+        raise ModelConfigError(f"model {self.name!r} is a generated operator graph and has no layer graph; the layer-graph "
+                               "algorithms (algo=pase, optcnn, optcnn_dfs, flexflow_mcmc, ...) need a PyTorch model "
+                               "(a zoo model or model=custom) or a layer graph file")
+
 
 class GraphFile:
     """A graph saved with :meth:`OpGraph.save` or :meth:`LayerGraph.save` (``model=from_file
@@ -369,6 +403,8 @@ class GraphFile:
     is built; ``batch_size`` is the file's (a different ``model.batch_size`` is refused). An
     operator graph feeds the operator-graph algorithms, a layer graph OptCNN, PaSE and the other
     layer-graph searches; asking a file for the other kind is a one-line error."""
+
+    graph_source: str = "file"
 
     def __init__(self, path: str, name: str | None = None, batch_size: int | None = None, **extra: Any) -> None:
         _refuse_unknown_keys(GraphFile, str(name or path), extra)
@@ -396,9 +432,33 @@ class GraphFile:
                              f"or a layer graph ({LAYERGRAPH_FORMAT!r})")
         self.name = name or self.path.stem
         self.batch_size = positive_int(meta.get("batch_size", 1), f"graph file {self.path}: meta.batch_size", GraphError)
+        if self.batch_size > MAX_SIZE:
+            raise GraphError(f"graph file {self.path}: meta.batch_size must be an integer in 1..{MAX_SIZE}, got {self.batch_size}")
         if batch_size is not None and positive_int(batch_size, "model.batch_size", ModelConfigError) != self.batch_size:
             raise ModelConfigError(f"model.batch_size={batch_size} cannot apply to graph file {self.path}: its batch size "
                                    f"is {self.batch_size}, fixed when it was captured; leave model.batch_size=null")
+        #: what the file lacks that a step needs, for result.json's ``warnings`` (docs/graph_format.md)
+        self.warnings = self._missing_parts()
+
+    def _missing_parts(self) -> list[str]:
+        """Warnings for a file without the parts of a training step data parallelism synchronises:
+        an operator graph without a parameter table or without a partial node (a weight gradient,
+        batch_role 1), a layer graph without parameter bytes.  Flagged, not refused: a forward-only
+        graph is a valid input, but its data-parallel step reduces no gradient."""
+        where = f"graph file {self.path}"
+        if self._layer is not None:
+            if int(self._layer.param_bytes.sum()) == 0:
+                return [f"{where} gives no layer parameter bytes (param_bytes all 0): data parallelism of it synchronises no "
+                        "weights, so its step is too optimistic for a training step"]
+            return []
+        g = self._graph
+        assert g is not None
+        lacks = []
+        if len(g.param_bytes) == 0:
+            lacks.append("no parameter table (param_bytes): its weights take no memory")
+        if not bool((g.batch_role == PARTIAL).any()):
+            lacks.append("no partial node (batch_role 1, a weight gradient): data parallelism of it reduces no gradient (no all-reduce)")
+        return [f"{where} has {' and '.join(lacks)}; its step is too optimistic for a training step"] if lacks else []
 
     def layer_graph(self, precision: str = "fp32", cache: bool = True) -> LayerGraph:
         """The saved layer graph (precision as saved; a file needs no cache)."""
@@ -432,6 +492,8 @@ class BuiltLayerGraph:
     """A layer graph written in code (``conf/model/pase_*.yaml``, ``model=built``): ``fn`` names a
     function ``fn(batch_size, **kwargs) -> LayerGraph``, typically built with
     :class:`harness.core.layer_builder.LayerGraphBuilder`. It feeds the layer-graph algorithms only."""
+
+    graph_source: str = "built in code"
 
     def __init__(self, fn: str, batch_size: int, name: str | None = None, kwargs: Mapping[str, Any] | None = None,
                  **extra: Any) -> None:

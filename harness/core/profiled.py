@@ -26,8 +26,15 @@ What is given is checked when the model is built: a ``costs.profile_dir`` or a
 ``costs.profiles`` entry that does not exist, or an entry for a device kind the cluster does
 not have, is a :class:`harness.core.errors.ProfileError` (not a silent fall-back to the roofline);
 the ``fallback`` figures as :func:`harness.core.costs.check_roofline` (named ``costs.fallback.*``).
-Without ``profile_dir`` the profiles of the repository are read, and a device kind none was
+Without ``profile_dir`` the profiles of the repository are read, and a GPU kind none was
 taken for falls back (counted in the report).
+
+A profile belongs to the machine that measured it.  A CPU device kind
+(:func:`harness.core.machine.cpu_kind`, ``"<CPU model> (N thread(s))"``) is this machine's CPU:
+a cluster whose CPU kind names another CPU (``cluster=cpu2`` calibrated elsewhere) is a
+``ProfileError`` that says what to run here (:func:`check_cpu_kinds`), and so is this CPU
+without a profile among the repository's; an explicit ``costs.profile_dir`` or
+``costs.profiles`` entry is the user's word (a kind it has nothing for falls back, counted).
 """
 
 from __future__ import annotations
@@ -40,9 +47,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from harness.core import machine
 from harness.core.cluster import Cluster
 from harness.core.costs import AnalyticalCostModel, CostModelError, check_roofline, refuse_unknown, with_measured
 from harness.core.fingerprint import graph_fingerprint, node_keys
+from harness.core.errors import ProfileError
 from harness.core.graph import OpGraph
 
 #: where operator profiles live: ``results/profiles/<device slug>/`` (written by ``python -m harness.profile``)
@@ -59,7 +68,7 @@ def slug(name: str) -> str:
 def profile_dir_for(kind: str, root: str | Path | None = None) -> Path:
     """Where the profiles of a device kind live (``results/profiles/<slug>``)."""
     return Path(root or PROFILE_ROOT) / slug(kind)
-from harness.core.errors import ProfileError
+
 
 BY_INDEX, BY_KEY, FALLBACK = 0, 1, 2
 
@@ -90,6 +99,29 @@ def _profile_paths(profiles: Mapping[str, str] | None, cluster: Cluster) -> dict
             raise ProfileError(f"{key}={path} does not exist: give a profile directory or .parquet file of python -m harness.profile")
         out[str(kind)] = Path(path)
     return out
+
+
+def _has_profiles(path: Path) -> bool:
+    return path.is_file() or (path.is_dir() and any(path.glob("*.parquet")))
+
+
+def check_cpu_kinds(cluster: Cluster, root: Path, given: Mapping[str, Path], default_root: bool) -> None:
+    """Refuse, in one line that says what to run, a CPU device kind of another CPU than this
+    machine's, and (reading the repository's profiles) this CPU without a profile."""
+    for kind in sorted({d.spec.kind for d in cluster.devices}):
+        threads = machine.cpu_kind_threads(kind)
+        if threads is None:
+            continue
+        measure = f"python -m harness.profile device=cpu threads={threads} model=<model>"
+        here = machine.foreign_cpu(kind)
+        if here is not None:
+            raise ProfileError(
+                f"costs=profiled: cluster {cluster.name!r} has devices of kind {kind!r}, another CPU than this machine's {here!r}, "
+                f"and a profile is used only on the CPU that measured it; to simulate this machine run `python -m harness.calibrate "
+                f"--threads {threads} --write` (cpu2's figures and kind) and `{measure}`, or use costs=analytical")
+        if default_root and kind not in given and not _has_profiles(profile_dir_for(kind, root)):
+            raise ProfileError(f"costs=profiled: no profile of this machine's CPU {kind!r} in {profile_dir_for(kind, root)}: "
+                               f"run `{measure}` (or give costs.profile_dir), or use costs=analytical")
 
 
 class _Parts:
@@ -129,6 +161,7 @@ class ProfiledCostModel:
         self.analytical = AnalyticalCostModel(cluster, **dict(fallback or {}))
         self.root = _profile_root(profile_dir)
         self.paths = _profile_paths(profiles, cluster)
+        check_cpu_kinds(cluster, self.root, self.paths, default_root=not profile_dir)
         self.free_ops = free_ops
         self.stat = stat
         self._tables: dict[str, Any] = {}
@@ -288,6 +321,14 @@ class ProfiledCostModel:
     # ------------------------------------------------------------------ communication, memory
     def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
         return self.analytical.transfer_time(nbytes, src, dst)
+
+    def transfer_routes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self.analytical.transfer_routes()
+
+    @property
+    def sync(self) -> str:
+        """The all-reduce is the analytical model's."""
+        return self.analytical.sync
 
     def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
         return self.analytical.allreduce_time(nbytes, devices)

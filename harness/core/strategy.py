@@ -105,20 +105,62 @@ class ParallelConfig:
 
 
 def _integers(values: Any, field: str, dtype: type) -> np.ndarray:
-    """``values`` as an integer array of ``dtype``; one that is not an integer (1.7, nan) is a
-    StrategyError naming ``strategy.<field>[i]`` (it would otherwise be truncated)."""
-    arr = np.asarray(values)
-    if arr.dtype.kind in "iu":
-        return arr.astype(dtype)
+    """``values`` as a flat integer array of ``dtype``; an entry that is not an integer (1.7,
+    nan, null, a string) or does not fit ``dtype`` is a StrategyError naming
+    ``strategy.<field>[i]`` (it would otherwise be truncated or wrap around)."""
+    if values is None or isinstance(values, (str, bytes, dict)):
+        raise StrategyError(f"strategy.{field} must be a list of integers, got {values!r:.80}")
+    if isinstance(values, (list, tuple)):
+        flags = [i for i, x in enumerate(values) if isinstance(x, (bool, str, bytes))]
+        if flags:
+            raise StrategyError(f"strategy.{field}[{flags[0]}] = {values[flags[0]]!r} is not an integer")
     try:
-        f = arr.astype(np.float64)
-    except (TypeError, ValueError):
-        raise StrategyError(f"strategy.{field} must be a list of integers, got {values!r:.80}") from None
-    bad = np.flatnonzero(~np.isfinite(f) | (f != np.round(f)))
+        arr = np.asarray(values)
+    except (TypeError, ValueError, OverflowError):
+        arr = np.asarray(list(values), dtype=object) if isinstance(values, (list, tuple)) else np.asarray(None)
+    if arr.ndim != 1:
+        raise StrategyError(f"strategy.{field} must be a flat list of integers, got {values!r:.80}")
+    info = np.iinfo(dtype)
+    if arr.dtype.kind in "iu":
+        bad = np.flatnonzero((arr < info.min) | (arr > info.max))
+    else:
+        items = arr.tolist()
+        bad = np.array([i for i, x in enumerate(items) if isinstance(x, bool) or not _whole(x, info.min, info.max)], dtype=np.int64)
+        if not len(bad):
+            arr = np.array([int(x) for x in items], dtype=np.int64)
     if len(bad):
         i = int(bad[0])
-        raise StrategyError(f"strategy.{field}[{i}] = {arr.flat[i].item()!r} is not an integer")
-    return f.astype(dtype)
+        x = arr[i].item() if isinstance(arr[i], np.generic) else arr[i]
+        why = "out of range" if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and float(x).is_integer() \
+            else "not an integer"
+        raise StrategyError(f"strategy.{field}[{i}] = {x!r} is {why}")
+    return arr.astype(dtype)
+
+
+def _whole(x: Any, lo: int, hi: int) -> bool:
+    """Whether ``x`` is an integer (an int, or an integral finite float) in ``lo..hi``."""
+    if isinstance(x, (int, np.integer)):
+        return lo <= int(x) <= hi
+    if isinstance(x, (float, np.floating)):
+        return math.isfinite(x) and float(x).is_integer() and lo <= x <= hi
+    return False
+
+
+def _check_permutation(order: np.ndarray) -> None:
+    """A file's ``order`` is a permutation of ``0..n-1`` (each node's position in one global
+    schedule, as every algorithm here writes it); else a StrategyError naming the node."""
+    n = len(order)
+    out = np.flatnonzero((order < 0) | (order >= n))
+    if len(out):
+        v = int(out[0])
+        raise StrategyError(f"strategy.order[{v}] = {int(order[v])} is out of range: order gives each node its position "
+                            f"in one schedule, a permutation of 0..{n - 1}")
+    values, first = np.unique(order, return_index=True)
+    if len(values) < n:
+        v = int(np.flatnonzero(~np.isin(np.arange(n), first))[0])
+        k = int(order[v])
+        raise StrategyError(f"strategy.order[{v}] = {k} repeats node {int(first[np.searchsorted(values, k)])}'s position: "
+                            f"order must be a permutation of 0..{n - 1}")
 
 
 @dataclass(eq=False)
@@ -161,10 +203,6 @@ class Strategy:
     def config_of(self, v: int) -> ParallelConfig | None:
         c = int(self.config_id[v])
         return self.configs[c] if c >= 0 else None
-
-    def devices_of(self, v: int) -> tuple[int, ...]:
-        c = self.config_of(v)
-        return c.devices if c is not None else (int(self.device[v]),)
 
     def devices_used(self) -> list[int]:
         used = set(self.device[self.config_id < 0].tolist())
@@ -245,8 +283,11 @@ class Strategy:
                 raise StrategyError(f"strategy configs[{i}]: {e}") from None
         order = d["order"] if "order" in d else np.arange(n)  # hand-written: node order (ids are a topological order)
         config_id = d["config_id"] if "config_id" in d else None
-        return cls(np.asarray(d["device"]), np.asarray(order), None if config_id is None else np.asarray(config_id), configs,
-                   dict(d.get("meta", {})))
+        if "config_id" in d and config_id is None:
+            raise StrategyError("strategy.config_id must be a list of config indices (-1: none), got null")
+        out = cls(d["device"], order, config_id, configs, dict(d.get("meta", {})))
+        _check_permutation(out.order)
+        return out
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict()))

@@ -3,7 +3,10 @@ link per ordered pair), ``switch`` (NVSwitch: a port per GPU each way), ``pcie_t
 switches under one or more CPU sockets joined by QPI) and ``nvlink_mesh`` (DGX-1's hybrid
 cube-mesh, with a fallback for the pairs without an NVLink).  :func:`intra_routes` builds them
 for :func:`harness.core.cluster.build_cluster`; every figure is checked as it is read and a bad
-one is a :class:`~harness.core.cluster.ClusterError` naming its key.
+one is a :class:`~harness.core.cluster.ClusterError` naming its key as the user types it
+(``cluster.intra.uplink.bw_GBps``), and so is a key a block does not take (:data:`TOPOLOGY_KEYS`,
+with the nearest key it does take).  A figure must lie in its plausible range (:data:`RANGES`):
+outside it a transfer or compute time overflows to infinity or vanishes.
 """
 
 from __future__ import annotations
@@ -11,18 +14,61 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from harness.core.checks import integer, non_negative_number, positive_int, positive_number
+from harness.core.checks import integer, known_keys, non_negative_number, positive_int, positive_number
 from harness.core.errors import ClusterError
+
+#: the keys of a link (``cluster.inter``, ``cluster.host_link``, ``qpi``; an intra topology adds its own)
+LINK_KEYS: tuple[str, ...] = ("cls", "bw_GBps", "bw_gbps", "lat_us")
+#: the keys of ``cluster.intra`` by topology
+TOPOLOGY_KEYS: dict[str, tuple[str, ...]] = {
+    "mesh": ("topology", *LINK_KEYS),
+    "switch": ("topology", *LINK_KEYS),
+    "pcie_tree": ("topology", *LINK_KEYS, "gpus_per_switch", "sockets", "uplink", "qpi"),
+    "nvlink_mesh": ("topology", "cls", "lat_us", "link_GBps", "pairs", "fallback"),
+}
+#: the keys of a PCIe switch's ``uplink`` (its latency is the switch's)
+UPLINK_KEYS: tuple[str, ...] = ("bw_GBps", "bw_gbps")
+#: other words for a figure's key, for "did you mean"
+ALIASES: dict[str, str] = {"bandwidth": "bw_GBps", "bw": "bw_GBps", "gbps": "bw_gbps", "latency": "lat_us", "lat": "lat_us",
+                           "class": "cls", "nics": "nics_per_node", "link_bw": "link_GBps"}
+#: plausible range (low, high, unit) of each kind of figure, in the unit of its key: a bandwidth
+#: below 1 kB/s or a peak below 1 kFLOP/s makes a time overflow to infinity, one above 1 EB/s or
+#: 1 ZFLOP/s makes it vanish; a latency is at most 1000 s; a memory 1 KiB to 1 PiB
+RANGES: dict[str, tuple[float, float, str]] = {
+    "GBps": (1e-6, 1e9, "GB/s"), "gbps": (8e-6, 8e9, "Gb/s"), "us": (0.0, 1e9, "us"),
+    "tflops": (1e-9, 1e9, "TFLOP/s"), "GiB": (1e-6, 1e6, "GiB"), "tau_us": (1e-6, 1e9, "us"),
+}
+
+
+def figure(value: Any, key: str, unit: str) -> float:
+    """``value`` as a float in the plausible range of its ``unit`` (a key of :data:`RANGES`), else a
+    :class:`ClusterError` naming ``key``: NaN, infinity, a value <= 0 (< 0 for a latency) as the
+    other checks say it, then the range."""
+    lo, hi, shown = RANGES[unit]
+    x = non_negative_number(value, key, ClusterError) if lo == 0 else positive_number(value, key, ClusterError)
+    if not lo <= x <= hi:
+        raise ClusterError(f"{key} must be between {lo:g} and {hi:g} {shown} (a plausible figure: outside it the "
+                           f"simulated times overflow or vanish), got {value!r}")
+    return x
+
+
+def block(spec: Any, key: str, known: Sequence[str]) -> Mapping[str, Any]:
+    """The mapping at config path ``key``, every key of it in ``known``, else a :class:`ClusterError`
+    naming the path (and the nearest known key)."""
+    if not isinstance(spec, Mapping):
+        raise ClusterError(f"{key} must be a mapping of {', '.join(known)}, got {spec!r}")
+    known_keys(spec, known, key, ClusterError, ALIASES)
+    return spec
 
 
 def link_bandwidth(spec: Mapping[str, Any], key: str) -> float:
-    """A link's bandwidth in bytes/s from the ``bw_GBps`` or ``bw_gbps`` of the spec at
-    ``cluster.<key>``."""
+    """A link's bandwidth in bytes/s from the ``bw_GBps`` or ``bw_gbps`` of the spec at config
+    path ``key`` (``cluster.inter``)."""
     if spec.get("bw_GBps") is not None:
-        return positive_number(spec["bw_GBps"], f"cluster.{key}.bw_GBps", ClusterError) * 1e9
+        return figure(spec["bw_GBps"], f"{key}.bw_GBps", "GBps") * 1e9
     if spec.get("bw_gbps") is not None:
-        return positive_number(spec["bw_gbps"], f"cluster.{key}.bw_gbps", ClusterError) * 1e9 / 8
-    raise ClusterError(f"cluster.{key} needs bw_GBps (gigabytes/s) or bw_gbps (gigabits/s)")
+        return figure(spec["bw_gbps"], f"{key}.bw_gbps", "gbps") * 1e9 / 8
+    raise ClusterError(f"{key} needs bw_GBps (gigabytes/s) or bw_gbps (gigabits/s)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +99,8 @@ Routes = dict[tuple[int, int], tuple[int, ...]]
 
 
 def link_latency(spec: Mapping[str, Any], default_us: float, key: str) -> float:
-    """A link's latency in seconds from the ``lat_us`` of the spec at ``cluster.<key>``."""
-    return non_negative_number(spec.get("lat_us", default_us), f"cluster.{key}.lat_us", ClusterError) * 1e-6
+    """A link's latency in seconds from the ``lat_us`` of the spec at config path ``key``."""
+    return figure(spec.get("lat_us", default_us), f"{key}.lat_us", "us") * 1e-6
 
 
 def _mesh_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str) -> Routes:
@@ -87,23 +133,24 @@ def _pcie_tree_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mappin
     """
     cls, bw, lat = str(spec.get("cls", "nvlink")), link_bandwidth(spec, key), link_latency(spec, 5.0, key)
     k = len(gpus)
-    per_sw = positive_int(spec.get("gpus_per_switch", 2), f"cluster.{key}.gpus_per_switch", ClusterError)
+    per_sw = positive_int(spec.get("gpus_per_switch", 2), f"{key}.gpus_per_switch", ClusterError)
     up = [b.link(f"{prefix}gpu{a}->sw{a // per_sw}", cls, bw, lat / 2) for a in range(k)]
     down = [b.link(f"{prefix}sw{a // per_sw}->gpu{a}", cls, bw, lat / 2) for a in range(k)]
     nsw = (k + per_sw - 1) // per_sw
-    sockets = integer(spec.get("sockets", 1), f"cluster.{key}.sockets", ClusterError)
+    sockets = integer(spec.get("sockets", 1), f"{key}.sockets", ClusterError)
     if sockets < 1 or nsw % sockets:
         raise ClusterError(f"{key}.sockets: {sockets} socket(s) cannot share the {nsw} PCIe switch(es) evenly")
     sock = [s // (nsw // sockets) for s in range(nsw)]
     root = [f"root{sock[s]}" if sockets > 1 else "root" for s in range(nsw)]
-    up_bw = link_bandwidth(spec["uplink"], f"{key}.uplink") if spec.get("uplink") is not None else link_bandwidth(spec, key)
+    uplink = spec.get("uplink")
+    up_bw = link_bandwidth(block(uplink, f"{key}.uplink", UPLINK_KEYS), f"{key}.uplink") if uplink is not None else bw
     sw_up = [b.link(f"{prefix}sw{s}->{root[s]}", cls, up_bw, 0.0) for s in range(nsw)]
     sw_down = [b.link(f"{prefix}{root[s]}->sw{s}", cls, up_bw, 0.0) for s in range(nsw)]
     qpi: dict[tuple[int, int], int] = {}
     if sockets > 1:
-        q = spec.get("qpi")
-        if q is None:
+        if spec.get("qpi") is None:
             raise ClusterError(f"{key}.qpi is missing: {sockets} sockets need qpi: {{bw_GBps, lat_us}} between their root complexes")
+        q = block(spec["qpi"], f"{key}.qpi", LINK_KEYS)
         qcls, qbw, qlat = str(q.get("cls", "qpi")), link_bandwidth(q, f"{key}.qpi"), link_latency(q, 0.0, f"{key}.qpi")
         for x in range(sockets):
             for y in range(sockets):
@@ -152,7 +199,7 @@ def _nvlink_mesh_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapp
     GPUs without an NVLink goes over PCIe, and over QPI across CPU sockets)."""
     if spec.get("link_GBps") is None:
         raise ClusterError(f"{key}.link_GBps is missing: nvlink_mesh needs the bandwidth of one brick per direction")
-    brick = positive_number(spec["link_GBps"], f"cluster.{key}.link_GBps", ClusterError) * 1e9
+    brick = figure(spec["link_GBps"], f"{key}.link_GBps", "GBps") * 1e9
     cls, lat = str(spec.get("cls", "nvlink")), link_latency(spec, 5.0, key)
     bricks = _nvlink_pairs(spec.get("pairs"), len(gpus), key)
     routes: Routes = {}
@@ -165,7 +212,7 @@ def _nvlink_mesh_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapp
         if missing:
             raise ClusterError(f"{key}.fallback is missing: GPUs {missing[0][0]} and {missing[0][1]} have no NVLink ({len(missing)} such pair(s))")
         return routes
-    if str(fallback.get("topology", "switch")) == "nvlink_mesh":
+    if isinstance(fallback, Mapping) and str(fallback.get("topology", "switch")) == "nvlink_mesh":
         raise ClusterError(f"{key}.fallback cannot be another nvlink_mesh")
     for pair, r in intra_routes(b, prefix, gpus, fallback, f"{key}.fallback").items():
         routes.setdefault(pair, r)
@@ -177,8 +224,11 @@ TOPOLOGIES = {"mesh": _mesh_routes, "switch": _switch_routes, "pcie_tree": _pcie
 
 def intra_routes(b: LinkBuilder, prefix: str, gpus: list[int], spec: Mapping[str, Any], key: str = "cluster.intra") -> Routes:
     """Routes among the GPUs of one host, by ``spec["topology"]`` (``key``, the spec's path in
-    the config such as ``cluster.intra`` or ``cluster.intra.fallback``, names it in errors)."""
+    the config such as ``cluster.intra`` or ``cluster.intra.fallback``, names it in errors); a key
+    the topology does not take (:data:`TOPOLOGY_KEYS`) is refused."""
+    if not isinstance(spec, Mapping):
+        raise ClusterError(f"{key} must be a mapping (topology: {' | '.join(TOPOLOGIES)}, and its figures), got {spec!r}")
     topo = str(spec.get("topology", "switch"))
     if topo not in TOPOLOGIES:
         raise ClusterError(f"{key}.topology={topo!r} is not a topology: use {', '.join(TOPOLOGIES)}")
-    return TOPOLOGIES[topo](b, prefix, gpus, spec, key)
+    return TOPOLOGIES[topo](b, prefix, gpus, block(spec, key, TOPOLOGY_KEYS[topo]), key)

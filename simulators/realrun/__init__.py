@@ -121,7 +121,9 @@ Modules
 * :mod:`~simulators.realrun.board` - the progress board, the watchdog and the stall message;
 * :mod:`~simulators.realrun.worker` - a rank: set-up, compiled program, timed steps;
 * :mod:`~simulators.realrun.measured` - :class:`Measured`, read back from the ranks' records;
-* :mod:`~simulators.realrun.launcher` - spawn / torchrun launches (:func:`launch`, :func:`launch_many`);
+* :mod:`~simulators.realrun.launcher` - spawn / torchrun launches (:func:`launch`, :func:`launch_many`) and
+  job directories (:func:`job_directory`);
+* :mod:`~simulators.realrun.sealed` - the job and the ranks' records on disk, sealed with a key per launch;
 * :mod:`~simulators.realrun.__main__` - ``python -m simulators.realrun`` (a rank under torchrun, ``--summary``).
 """
 
@@ -135,7 +137,7 @@ from simulators.realrun.codegen import dp_program, placement_programs
 from simulators.realrun.costs import RunProfileCosts, interleaved_costs, interleaved_step_time
 from simulators.realrun.job import (TRACE_ALLREDUCE, TRACE_DRAIN, TRACE_KINDS, TRACE_OP, TRACE_RECV, TRACE_SEND, Job, RankProgram,
                                     RealRunError)
-from simulators.realrun.launcher import POLL_S, launch, launch_many, write_job
+from simulators.realrun.launcher import POLL_S, job_directory, launch, launch_many, write_job
 from simulators.realrun.measured import Measured, read_results
 from simulators.realrun.worker import run_rank
 
@@ -143,6 +145,6 @@ __all__ = [
     "BOARD_SLOTS", "P_BARRIER", "P_COLLECTIVE", "P_DONE", "P_DRAIN", "P_FINAL", "P_LOAD", "P_PROFILE", "P_PROFILE_WAIT", "P_RECV",
     "P_RENDEZVOUS", "P_SETUP", "P_START", "P_STEP", "POLL_S", "TRACE_ALLREDUCE", "TRACE_DRAIN", "TRACE_KINDS", "TRACE_OP", "TRACE_RECV",
     "TRACE_SEND", "WAITING", "ChannelPlan", "Job", "Measured", "Progress", "RankProgram", "RealRun", "RealRunError", "RunProfileCosts",
-    "Watchdog", "channel_plan", "dp_program", "interleaved_costs", "interleaved_step_time", "launch", "launch_many", "placement_programs",
-    "read_results", "reference_outputs", "run_rank", "stall_message", "write_job",
+    "Watchdog", "channel_plan", "dp_program", "interleaved_costs", "interleaved_step_time", "job_directory", "launch", "launch_many",
+    "placement_programs", "read_results", "reference_outputs", "run_rank", "stall_message", "write_job",
 ]

@@ -4,11 +4,12 @@ job's ranks measured (``--summary``); see :func:`main`."""
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 from pathlib import Path
 
+from simulators.realrun.job import RealRunError
 from simulators.realrun.measured import read_results
+from simulators.realrun.sealed import JOB_FILE, key_from_env, read_sealed
 from simulators.realrun.worker import run_rank
 
 
@@ -23,10 +24,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Runs one rank of a job written by ``sim.launcher=prepare sim.job_dir=JOB_DIR`` (or by any
     launch), with ``env://`` rendezvous (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT as torchrun
-    sets them); each rank writes ``JOB_DIR/rank<r>.pt``.  ``python -m simulators.realrun --summary
+    sets them); each rank writes ``JOB_DIR/rank<r>.sealed``.  ``python -m simulators.realrun --summary
     JOB_DIR`` then prints the measured figures as JSON.  JOB_DIR must be shared by the hosts.
-    ``--progress BOARD`` (before JOB_DIR) is the progress board of a launch of ours.  A mistake
-    (no JOB_DIR, no job in it, no torchrun environment) is one line on stderr and status 2.
+    The job is sealed (:mod:`simulators.realrun.sealed`): ``REALRUN_JOB_KEY`` must hold the key
+    the preparing run reported (``realrun_job_key`` in its result.json), for the ranks and for
+    ``--summary``.  ``--progress BOARD`` (before JOB_DIR) is the progress board of a launch of
+    ours.  A mistake (no JOB_DIR, no job in it, no key or the wrong one, no torchrun environment)
+    is one line on stderr and status 2.
     """
     import json
 
@@ -47,13 +51,17 @@ def main(argv: list[str] | None = None) -> int:
                      "python -m harness sim=realrun sim.launcher=prepare sim.job_dir=JOB_DIR), or print its figures with "
                      "python -m simulators.realrun --summary JOB_DIR")
     d = Path(args[0])
-    if not (d / "job.pkl").is_file():
-        return usage(f"no job in {d} ({d / 'job.pkl'} is missing): write one with python -m harness sim=realrun sim.launcher=prepare "
+    if not (d / JOB_FILE).is_file():
+        return usage(f"no job in {d} ({d / JOB_FILE} is missing): write one with python -m harness sim=realrun sim.launcher=prepare "
                      f"sim.job_dir={d}")
-    job = pickle.loads((d / "job.pkl").read_bytes())
-    if summary:
-        print(json.dumps(read_results(job, d, "torchrun").summary(), indent=1))
-        return 0
+    try:
+        key = key_from_env(d)
+        job = read_sealed(d / JOB_FILE, key)
+        if summary:
+            print(json.dumps(read_results(job, d, "torchrun", key).summary(), indent=1))
+            return 0
+    except RealRunError as e:
+        return usage(str(e))
     missing = [v for v in _TORCHRUN_ENV if v not in os.environ]
     if missing:
         return usage(f"python -m simulators.realrun runs one rank of a job and torchrun starts it ({', '.join(missing)} not set): "
@@ -62,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ["WORLD_SIZE"])
     if world != job.world:
         return usage(f"the job in {d} needs {job.world} ranks, torchrun started {world}: {_TORCHRUN.format(n=job.world, d=d)}")
-    run_rank([str(d)], rank, int(os.environ.get("LOCAL_RANK", rank)), "env://", board)
+    run_rank([str(d)], rank, int(os.environ.get("LOCAL_RANK", rank)), "env://", board, key)
     return 0
 
 

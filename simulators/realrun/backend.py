@@ -7,13 +7,16 @@ must reproduce (:func:`reference_outputs`)."""
 from __future__ import annotations
 
 import copy
-import re
+import math
+import os
 from typing import Any, Sequence
 
 import numpy as np
 
+from harness.core.checks import boolean, known_keys, non_negative_int, one_of, positive_int, positive_number
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
+from harness.core.machine import cpu_kind_threads
 from harness.core.fingerprint import layer_runs
 from simulators.realrun.execgraph import ExecGraph, initial_state
 from harness.core.graph import OpGraph
@@ -25,12 +28,18 @@ from simulators.realrun.costs import interleaved_costs
 from simulators.realrun.job import Job, RankProgram, RealRunError
 from simulators.realrun.launcher import launch, write_job
 from simulators.realrun.measured import Measured
+from simulators.realrun.sealed import KEY_ENV, new_key
+from simulators.engine import MODES
 from simulators.simulate import SimResult, simulate
 from simulators.shards import param_home_nodes
 
 
+#: the keys of ``conf/sim/realrun.yaml`` (:class:`RealRun`'s parameters)
+KEYS = ("warmup", "steps", "backend", "device", "threads_per_rank", "launcher", "order", "timeout_s", "job_dir", "spin_idle",
+        "early_recv", "steady_malloc", "interleave_profile", "trace", "rank_timeout_s", "force")
+#: how the ranks are started (``sim.launcher``)
+LAUNCHERS = ("spawn", "torchrun", "prepare")
 #: a device kind that names a CPU: :func:`simulators.realrun.timing.device_name`'s "<model> (N thread(s))"
-_CPU_KIND = re.compile(r"\(\d+ threads?\)$")
 
 
 def _is_layer_graph(graph: Any) -> bool:
@@ -70,10 +79,9 @@ def _uniform_sample_config(strategy: Strategy, what: str, names: Sequence[str]) 
 
 
 class RealRun:
-    """``sim=realrun``: simulate (``step_time_s``) and execute for real (``measured_step_time_s``)."""
-
-    #: harness.app.run captures the graph with its fx module and calls :meth:`bind` with the source
-    needs_fx = True
+    """``sim=realrun``: simulate (``step_time_s``) and execute for real (``measured_step_time_s``).
+    An :class:`~simulators.simulate.ExecutingBackend`: harness.app.run captures the graph with
+    its fx module and calls :meth:`bind` with the source."""
 
     def __init__(
         self,
@@ -95,32 +103,30 @@ class RealRun:
         force: bool = False,
         **params: Any,
     ) -> None:
-        if launcher not in ("spawn", "torchrun", "prepare"):
-            raise ValueError(f"sim.launcher must be spawn, torchrun or prepare, got {launcher!r}")
-        if backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"sim.backend must be auto, gloo or nccl, got {backend!r}")
-        if device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"sim.device must be auto, cpu or cuda, got {device!r}")
-        if int(warmup) < 0 or int(steps) < 1:
-            raise ValueError(f"sim.warmup must be >= 0 and sim.steps >= 1 (got {warmup}, {steps})")
-        self.warmup, self.steps = int(warmup), int(steps)
-        self.backend, self.device, self.launcher = backend, device, launcher
-        self.threads = int(threads_per_rank)
-        self.order = order
-        self.timeout_s = float(timeout_s)
-        self.rank_timeout_s = float(rank_timeout_s)
-        if not 0 < self.rank_timeout_s < self.timeout_s:
+        known_keys(params, KEYS, "sim", RealRunError)
+        self.launcher = one_of(launcher, "sim.launcher", LAUNCHERS, RealRunError)
+        self.backend = one_of(backend, "sim.backend", ("auto", "gloo", "nccl"), RealRunError)
+        self.device = one_of(device, "sim.device", ("auto", "cpu", "cuda"), RealRunError)
+        self.order = one_of(order, "sim.order", MODES, RealRunError)
+        self.warmup = non_negative_int(warmup, "sim.warmup", RealRunError)
+        self.steps = positive_int(steps, "sim.steps", RealRunError)
+        self.threads = positive_int(threads_per_rank, "sim.threads_per_rank", RealRunError)
+        self.timeout_s = positive_number(timeout_s, "sim.timeout_s", RealRunError)
+        numeric = isinstance(rank_timeout_s, (int, float, np.number)) and not isinstance(rank_timeout_s, bool)
+        self.rank_timeout_s = float(rank_timeout_s) if numeric else math.nan
+        if not 0 < self.rank_timeout_s < self.timeout_s:  # NaN fails too
             raise RealRunError(f"sim.rank_timeout_s must be > 0 and below sim.timeout_s ({timeout_s}), torch.distributed's own timeout, "
                                f"or a rank waiting for a stalled one fails first and the stalled one goes unnamed; got {rank_timeout_s} "
                                "(raise sim.timeout_s with it)")
-        self.force = bool(force)
+        if job_dir is not None and (not isinstance(job_dir, str) or not job_dir.strip()):
+            raise RealRunError(f"sim.job_dir must be a directory's path or null (a temporary directory), got {job_dir!r}")
         self.job_dir = job_dir
-        self.spin_idle = bool(spin_idle)
-        self.early_recv = bool(early_recv)
-        self.steady_malloc = bool(steady_malloc)
-        self.interleave_profile = bool(interleave_profile)
-        self.trace = bool(trace)
-        self.params = params
+        self.force = boolean(force, "sim.force", RealRunError)
+        self.spin_idle = boolean(spin_idle, "sim.spin_idle", RealRunError)
+        self.early_recv = boolean(early_recv, "sim.early_recv", RealRunError)
+        self.steady_malloc = boolean(steady_malloc, "sim.steady_malloc", RealRunError)
+        self.interleave_profile = boolean(interleave_profile, "sim.interleave_profile", RealRunError)
+        self.trace = boolean(trace, "sim.trace", RealRunError)
         self.source: Any = None
         self.seed = 0
         self.graph_cfg: dict[str, Any] = {}
@@ -285,8 +291,28 @@ class RealRun:
                    interleave_profile=self.interleave_profile and mode != "channel_parallel", trace=self.trace)
 
     # ------------------------------------------------------------------ run
+    def check_environment(self) -> None:
+        """Refuse, in one line saying what is missing, a ``sim.device=cuda`` without a GPU here and
+        a ``sim.backend=nccl`` without NCCL or without GPUs for it (a prepared job, which runs on
+        other hosts, is not checked)."""
+        import torch
+        import torch.distributed as dist
+
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RealRunError(f"sim.device=cuda: {_no_gpu(torch)}; use sim.device=cpu (or auto), or run on a machine with GPUs")
+        if self.backend != "nccl":
+            return
+        if not dist.is_available() or not dist.is_nccl_available():
+            raise RealRunError(f"sim.backend=nccl: this PyTorch build (torch {torch.__version__}) has no NCCL "
+                               "(torch.distributed.is_nccl_available() is false); use sim.backend=gloo (or auto)")
+        if self._device() != "cuda":
+            why = "sim.device=cpu" if self.device == "cpu" else _no_gpu(torch)
+            raise RealRunError(f"sim.backend=nccl runs ranks on CUDA GPUs, and here they would be on CPU cores ({why}); "
+                               "use sim.backend=gloo (or auto)")
+
     def execute(self, graph: Any, strategy: Strategy, num_devices: int, collect: bool = False) -> Measured:
         """Prepare, launch and read back a real run of a plan."""
+        self.check_environment()
         job = self.prepare(graph, strategy, num_devices, collect)
         return launch(job, self.launcher, self.job_dir)
 
@@ -296,7 +322,7 @@ class RealRun:
         measured step says nothing about the cluster the step was simulated on (``sim.force``
         runs it anyway).  A cluster whose devices are CPUs (``cpu2``: its device kind is a CPU's
         profile name) runs on this machine's cores, as meant."""
-        kinds = sorted({d.spec.kind for d in cluster.devices if not _CPU_KIND.search(d.spec.kind)})
+        kinds = sorted({d.spec.kind for d in cluster.devices if cpu_kind_threads(d.spec.kind) is None})
         if self.force or not kinds:
             return
         import torch
@@ -312,13 +338,16 @@ class RealRun:
                            "measure this machine's CPU, or set sim.force=true to run it anyway")
 
     def __call__(self, graph: Any, strategy: Strategy, cluster: Cluster, costs: CostModel) -> SimResult:
+        if self.launcher != "prepare":
+            self.check_environment()
         job = self.prepare(graph, strategy, cluster.num_devices)  # refuse before spending time
         if self.launcher != "prepare":  # a prepared job runs on other hosts
             self.check_devices(job, cluster)
         res = simulate(graph, strategy, cluster, costs, self.order)
         if self.launcher == "prepare":
-            d = write_job(job, self.job_dir)
-            res.extras = {**getattr(res, "extras", {}), "realrun_job_dir": str(d)}
+            key = os.environ.get(KEY_ENV) or new_key()  # the ranks started by hand get it through their environment
+            d = write_job(job, self.job_dir, key)
+            res.extras = {**getattr(res, "extras", {}), "realrun_job_dir": str(d), "realrun_job_key": key}
             return res
         m = launch(job, self.launcher, self.job_dir)
         extras = m.summary()
@@ -333,6 +362,13 @@ class RealRun:
         if self.trace:
             res.measured_timeline = {**m.timeline(), **_node_labels(graph, job)}
         return res
+
+
+def _no_gpu(torch: Any) -> str:
+    """Why ``torch.cuda.is_available()`` is false here, in words."""
+    if torch.version.cuda is None:
+        return f"this PyTorch build (torch {torch.__version__}) has no CUDA support"
+    return "no CUDA GPU is visible to this machine's PyTorch (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them)"
 
 
 def _node_labels(graph: Any, job: Job) -> dict[str, Any]:

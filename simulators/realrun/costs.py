@@ -4,7 +4,7 @@ each op's time as profiled in situ between a real run's measured steps (:class:`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -42,10 +42,29 @@ class RunProfileCosts:
     def compute_time(self, graph: Any, node: int, device: int, fraction: float = 1.0) -> float:
         return float(self.node_times(graph, device, fraction)[node])
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or "base" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["base"], name)
+    # everything but this graph's compute is the base model's (the CostModel protocol, spelt out)
+    @property
+    def sync(self) -> str:
+        return self.base.sync
+
+    def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
+        return self.base.transfer_time(nbytes, src, dst)
+
+    def transfer_routes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self.base.transfer_routes()
+
+    def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
+        return self.base.allreduce_time(nbytes, devices)
+
+    def memory(self, graph: OpGraph) -> np.ndarray:
+        return self.base.memory(graph)
+
+    def layer_times(self, lgraph: Any, device: int, fraction: float | np.ndarray = 1.0,
+                    nodes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self.base.layer_times(lgraph, device, fraction, nodes)
+
+    def report(self) -> dict[str, Any]:
+        return {**self.base.report(), "compute": "profiled in situ between the measured steps"}
 
 
 def interleaved_costs(graph: Any, cluster: Cluster, costs: CostModel, job: Job, reference_s: np.ndarray,
@@ -69,7 +88,7 @@ def interleaved_costs(graph: Any, cluster: Cluster, costs: CostModel, job: Job, 
         if grp is None or len(grp) != t.shape[1] or int(np.max(grp)) + 1 != graph.num_nodes:
             return None
         t = np.vstack([np.bincount(np.asarray(grp), weights=row, minlength=graph.num_nodes) for row in t])
-    if getattr(costs, "free_ops", "measured") == "zero":
+    if graph.free.any() and not (costs.node_times(graph, 0)[graph.free] > 0).any():  # the plan's model charges free ops nothing
         t = np.where(graph.free[None, :], 0.0, t)
     return RunProfileCosts(costs, graph, job.ref_fraction, t)
 

@@ -288,9 +288,6 @@ class ExecGraph:
     def new_param_refs(self) -> list[Ref | None]:
         return self.outputs[1 + self.n_params:1 + 2 * self.n_params]
 
-    def placeholder_index(self, kind: str) -> list[int]:
-        return [j for j, p in enumerate(self.placeholders) if p.kind == kind]
-
     # ------------------------------------------------------------------ running
     def call(self, i: int, node_vals: Sequence[Any], ph_vals: Sequence[Any], device: Any) -> Any:
         """Run node i on real values (the reference interpreter; slow but plain)."""

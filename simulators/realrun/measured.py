@@ -11,6 +11,7 @@ import numpy as np
 
 from simulators.realrun.timing import rank_cores
 from simulators.realrun.job import Job, RealRunError
+from simulators.realrun.sealed import RECORD_FILE, read_sealed
 
 
 @dataclass
@@ -101,20 +102,19 @@ class Measured:
         }
 
 
-def read_results(job: Job, d: Path, launcher: str) -> Measured:
-    """What the ranks of ``job`` measured, from the records they saved in ``d`` (``rank<r>.pt``); a
-    rank's ``rank<r>.error`` or a missing record raises :class:`RealRunError`."""
-    import torch
-
+def read_results(job: Job, d: Path, launcher: str, key: str) -> Measured:
+    """What the ranks of ``job`` measured, from the records they saved in ``d`` (``rank<r>.sealed``,
+    sealed with ``key``: :mod:`simulators.realrun.sealed`); a rank's ``rank<r>.error``, a missing
+    record or one without the run's seal raises :class:`RealRunError`."""
     recs = []
     for r in range(job.world):
         err = d / f"rank{r}.error"
         if err.exists():
             raise RealRunError(f"rank {r} failed:\n{err.read_text()[-4000:]}")
-        f = d / f"rank{r}.pt"
+        f = d / RECORD_FILE.format(rank=r)
         if not f.exists():
             raise RealRunError(f"rank {r} wrote no result into {d}")
-        recs.append(torch.load(f, weights_only=False))
+        recs.append(read_sealed(f, key))
     start = np.array([r["start"] for r in recs])[:, job.warmup:]
     end = np.array([r["end"] for r in recs])[:, job.warmup:]
     busy = np.array([r["busy"] for r in recs])[:, job.warmup:]

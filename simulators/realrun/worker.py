@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import socket
 import time
@@ -21,6 +20,7 @@ from simulators.realrun.execgraph import TensorMeta, initial_state, resolve
 from simulators.realrun.board import (P_BARRIER, P_COLLECTIVE, P_DONE, P_DRAIN, P_FINAL, P_LOAD, P_PROFILE, P_PROFILE_WAIT, P_RECV,
                                       P_RENDEZVOUS, P_SETUP, P_STEP, Progress)
 from simulators.realrun.job import TRACE_ALLREDUCE, TRACE_DRAIN, TRACE_OP, TRACE_RECV, TRACE_SEND, Job, RankProgram
+from simulators.realrun.sealed import JOB_FILE, RECORD_FILE, read_sealed, write_sealed
 
 
 def _setup_rank(job: Job, rank: int, local_rank: int) -> tuple[Any, Any]:
@@ -193,9 +193,10 @@ def _minor_faults() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
-def _run_job(job: Job, rank: int, device: Any, out_dir: str, row: Any) -> None:
-    """Build this rank's state and program for one job, run and time its steps, save the record;
-    ``row``: the rank's row of the progress board (:class:`Progress`), in phase :data:`P_SETUP`."""
+def _run_job(job: Job, rank: int, device: Any, out_dir: str, row: Any, seal_key: str) -> None:
+    """Build this rank's state and program for one job, run and time its steps, save the record
+    (sealed with ``seal_key``); ``row``: the rank's row of the progress board (:class:`Progress`), in
+    phase :data:`P_SETUP`."""
     import torch
     import torch.distributed as dist
 
@@ -284,7 +285,7 @@ def _run_job(job: Job, rank: int, device: Any, out_dir: str, row: Any) -> None:
     rec = {"rank": rank, "start": starts, "end": ends, "busy": busy, "send": sent, "wait": waited, "faults": faults, "host": socket.gethostname(), "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
            "threads": torch.get_num_threads(), "outputs": outputs, "nodes": prog.nodes, "sends": prog.sends, "recvs": prog.recvs,
            "reference": np.asarray(reference).reshape(len(reference), job.eg.num_nodes), "trace": traces}
-    torch.save(rec, os.path.join(out_dir, f"rank{rank}.pt"))
+    write_sealed(Path(out_dir, RECORD_FILE.format(rank=rank)), rec, seal_key)
 
 
 def _die_with_parent() -> None:
@@ -296,10 +297,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
 
 
-def run_rank(job_dirs: Sequence[str], rank: int, local_rank: int, init_method: str, board: str | None = None) -> None:
-    """One rank: load the jobs written in ``job_dirs``, pin, join the group once, then run each
-    job in turn (they share world size, backend, device and threads), telling the launcher
-    what it does on the progress ``board`` (:class:`Progress`); a failing job leaves
+def run_rank(job_dirs: Sequence[str], rank: int, local_rank: int, init_method: str, board: str | None, key: str) -> None:
+    """One rank: load the jobs written in ``job_dirs`` (sealed with ``key``: a job file without
+    its seal is refused unread, :mod:`simulators.realrun.sealed`), pin, join the group once,
+    then run each job in turn (they share world size, backend, device and threads), telling the
+    launcher what it does on the progress ``board`` (:class:`Progress`); a failing job leaves
     ``rank<r>.error`` in its directory."""
     import datetime
 
@@ -310,7 +312,7 @@ def run_rank(job_dirs: Sequence[str], rank: int, local_rank: int, init_method: s
     _die_with_parent()
     progress = Progress(board, rank)
     progress.set(P_LOAD)
-    jobs = [pickle.loads(Path(d, "job.pkl").read_bytes()) for d in job_dirs]
+    jobs = [read_sealed(Path(d, JOB_FILE), key) for d in job_dirs]
     first = jobs[0]
     device, _ = _setup_rank(first, rank, local_rank)
     progress.set(P_RENDEZVOUS)
@@ -322,7 +324,7 @@ def run_rank(job_dirs: Sequence[str], rank: int, local_rank: int, init_method: s
             for k, (job, d) in enumerate(zip(jobs, job_dirs)):
                 progress.set(P_SETUP, job=k, step=0)
                 try:
-                    _run_job(job, rank, device, d, progress.row)
+                    _run_job(job, rank, device, d, progress.row, key)
                 except Exception:
                     Path(d, f"rank{rank}.error").write_text(traceback.format_exc())
                     raise
@@ -331,8 +333,9 @@ def run_rank(job_dirs: Sequence[str], rank: int, local_rank: int, init_method: s
         dist.destroy_process_group()
 
 
-def spawn_entry(local_rank: int, job_dirs: Sequence[str], init_method: str, board: str) -> None:
-    """A rank started by ``torch.multiprocessing``: it leads its own process group, which its
-    idle spinners join, so that the launcher ends it and them with one signal."""
+def spawn_entry(local_rank: int, job_dirs: Sequence[str], init_method: str, board: str, key: str) -> None:
+    """A rank started by ``torch.multiprocessing`` (``key``, the job's seal, comes through its
+    start-up pipe): it leads its own process group, which its idle spinners join, so that the
+    launcher ends it and them with one signal."""
     os.setpgid(0, 0)
-    run_rank(job_dirs, local_rank, local_rank, init_method, board)
+    run_rank(job_dirs, local_rank, local_rank, init_method, board, key)

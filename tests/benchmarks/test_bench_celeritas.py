@@ -1,4 +1,7 @@
-"""Speed goals of the Celeritas issue (opt-in: ``python -m pytest tests/benchmarks/test_bench_celeritas.py -m bench``):
+"""Speed goals of the Celeritas issue (opt-in: ``python -m pytest tests/benchmarks/test_bench_celeritas.py -m bench``),
+as ratios to the ``python`` reference of :mod:`tests.benchmarks.reference` timed in the same run
+(:data:`GOALS`; the seconds below are the issue's goals, docs/benchmarks.md says how the ratios
+were set):
 
 * Celeritas on the Transformer (the full aten op graph, batch 256, 4 devices): < 5 s
   (the paper reports 95 s for its 36k-node TensorFlow graph);
@@ -17,6 +20,10 @@ from algorithms.celeritas import Celeritas
 from algorithms.m_sct import MSCT
 from harness.app.compose import compose
 from harness.app.run import build
+from tests.helpers import assert_goal
+
+#: the goals as ratios to the python reference (docs/benchmarks.md says how they were set)
+GOALS = {"celeritas_transformer": 280, "m_sct_inception": 1700}
 
 
 def graph_of(overrides):
@@ -36,18 +43,18 @@ def inception():
     return graph_of(["model=inception_v3", "model.batch_size=512"])
 
 
-def test_celeritas_transformer_under_5s(benchmark, transformer):
+def test_celeritas_transformer(benchmark, reference, transformer):
     g, cluster, costs = transformer
     plan = benchmark.pedantic(lambda: Celeritas().plan(g, cluster, costs), rounds=5, iterations=1, warmup_rounds=1)
-    benchmark.extra_info.update({"nodes": g.num_nodes, "coarse_nodes": plan.info["coarse_nodes"], "goal_s": 5.0})
-    assert benchmark.stats.stats.mean < 5.0
+    benchmark.extra_info.update({"nodes": g.num_nodes, "coarse_nodes": plan.info["coarse_nodes"]})
+    assert_goal(benchmark, reference, "python", GOALS["celeritas_transformer"], "celeritas on the transformer, 4 devices")
 
 
-def test_m_sct_inception_under_30s(benchmark, inception):
+def test_m_sct_inception(benchmark, reference, inception):
     g, cluster, costs = inception
     plan = benchmark.pedantic(lambda: MSCT().plan(g, cluster, costs), rounds=3, iterations=1, warmup_rounds=0)
-    benchmark.extra_info.update({"nodes": g.num_nodes, "lp_seconds": plan.info["lp_seconds"], "goal_s": 30.0})
-    assert benchmark.stats.stats.mean < 30.0
+    benchmark.extra_info.update({"nodes": g.num_nodes, "lp_seconds": plan.info["lp_seconds"]})
+    assert_goal(benchmark, reference, "python", GOALS["m_sct_inception"], "m-sct on inception_v3, 4 devices")
 
 
 @pytest.mark.parametrize("adjust", [True, False], ids=["celeritas", "order_place"])

@@ -1,4 +1,7 @@
-"""FD-DPS speed goals (opt-in: ``python -m pytest tests/benchmarks/test_bench_fddps.py -m bench``).
+"""FD-DPS speed goals (opt-in: ``python -m pytest tests/benchmarks/test_bench_fddps.py -m bench``), as
+ratios to the ``python`` reference of :mod:`tests.benchmarks.reference` timed in the same run
+(:data:`GOALS`; the seconds below are the issue's goals, docs/benchmarks.md says how the ratios
+were set).
 
 * fddps (default config: split + exact dynamic-critical-path scheduling) on ResNet-200's op
   graph (batch 16) on 8 devices: goal within 10 s.
@@ -27,6 +30,9 @@ from harness.app.compose import compose
 from harness.app.run import build
 from tests.helpers import assert_goal
 
+#: the goals as ratios to the python reference (docs/benchmarks.md says how they were set)
+GOALS = {"resnet200": 450, "80k_default": 3200, "80k_idle": 5600, "80k_horizon64": 9600}
+
 
 def _setup(overrides: list[str]):
     cfg = compose(overrides)
@@ -34,7 +40,7 @@ def _setup(overrides: list[str]):
     return src.op_graph(**cfg.graph) if hasattr(src, "build") else src.op_graph(), cluster, costs
 
 
-def _run(benchmark, algo: FDDPS, g, cluster, costs, goal_s: float | None = None, simulate_plan: bool = False) -> None:
+def _run(benchmark, algo: FDDPS, g, cluster, costs, simulate_plan: bool = False) -> None:
     t0 = time.process_time()
     plan = benchmark.pedantic(lambda: algo.plan(g, cluster, costs), rounds=1, iterations=1, warmup_rounds=0)
     info = plan.info
@@ -45,7 +51,7 @@ def _run(benchmark, algo: FDDPS, g, cluster, costs, goal_s: float | None = None,
     benchmark.extra_info.update({
         "nodes": g.num_nodes, "plan_nodes": plan.graph.num_nodes, "devices": cluster.num_devices,
         "step_us": info["step_us"], "objective_s": info["objective_s"], "split_ops": info.get("split_ops", 0),
-        "cpu_s": time.process_time() - t0, "goal_s": goal_s,
+        "cpu_s": time.process_time() - t0,
         **{k: info[k] for k in ("slot", "horizon", "forward_updates", "bl_recomputed", "slot_scans", "schedule_compiled")},
     })
 
@@ -55,21 +61,22 @@ def resnet200():
     return _setup(["model=resnet200", "cluster=p100x8"])
 
 
-def test_fddps_resnet200_8_devices(benchmark, resnet200):
+def test_fddps_resnet200_8_devices(benchmark, reference, resnet200):
     g, cluster, costs = resnet200
-    _run(benchmark, FDDPS(), g, cluster, costs, goal_s=10.0)
+    _run(benchmark, FDDPS(), g, cluster, costs)
+    assert_goal(benchmark, reference, "python", GOALS["resnet200"], "fddps on resnet200, 8 devices")
 
 
 @pytest.mark.parametrize("opts", [{}, {"slot": "idle"}, {"horizon": 64}], ids=["default", "idle", "horizon64"])
-def test_fddps_synthetic_80k_8_devices(benchmark, opts):
+def test_fddps_synthetic_80k_8_devices(benchmark, reference, opts):
     """The speed issue's goal: the exact slot search (the default here) within 60 s; ``slot=idle``
-    and ``horizon=64`` within the earlier 120 s."""
+    and ``horizon=64`` within the earlier 120 s (there)."""
     g, cluster, costs = _setup(["model=synthetic", "model.nodes=80000", "cluster=p100x8"])
-    goal = 120.0 if opts else 60.0
     algo = FDDPS(**opts)
     assert opts or algo.horizon_for(g.num_nodes) == 0  # the default is the exact search at 80k
-    _run(benchmark, algo, g, cluster, costs, goal_s=goal, simulate_plan=True)
-    assert_goal(benchmark, goal, f"fddps {opts or 'default (exact)'} on 80k nodes")
+    _run(benchmark, algo, g, cluster, costs, simulate_plan=True)
+    case = "default" if not opts else ("idle" if "slot" in opts else "horizon64")
+    assert_goal(benchmark, reference, "python", GOALS[f"80k_{case}"], f"fddps {opts or 'default (exact)'} on 80k nodes")
 
 
 @pytest.mark.parametrize("opts", [{}, {"slot": "idle"}, {"horizon": 64}, {"compiled": False}],

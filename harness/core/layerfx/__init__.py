@@ -25,6 +25,12 @@ What becomes a node (how :func:`build_layer_graph` reads a ``torch.fx`` graph)
   ``split`` / ``unbind`` produce one view node per piece actually used. Ops that return their
   input unchanged (``nn.Identity``, dropout with p = 0, ``contiguous``, ``clone``, ``detach``)
   are not nodes at all: their consumers read the producer;
+* an item assignment ``x[k] = v`` (transformers' ``shift_tokens_right``) is a node of kind
+  ``"other"`` (``tracer.assign``) that reads ``x`` and ``v`` and makes the assigned tensor, which
+  ``x``'s readers after it read (a view of ``x`` taken before it keeps the old value);
+* a module the model calls but does not hold as a submodule (a module-level ``gelu =
+  GELUActivation()``, as RoBERTa's LM head and Mamba call) is inlined: its ops are the nodes.  One
+  with parameters or buffers of its own is refused, as its parameters belong to no layer;
 * shape arithmetic (``x.shape``, ``x.size(1)``, ``len``) is not data: no nodes;
 * model inputs become nodes of kind ``"input"`` (zero FLOPs);
 * parameters are not nodes: their bytes go to the layer that reads them (``param_bytes``,

@@ -217,6 +217,12 @@ def _tracer_class(extra_leaves: tuple[type, ...]) -> type:
                 return bool(v)
             return super().__bool__()
 
+        def __setitem__(self, key: Any, value: Any) -> None:
+            # ``x[k] = v`` (transformers' shift_tokens_right) is recorded as a node that makes the
+            # assigned tensor, and this proxy stands for it from then on: the readers of ``x``
+            # after the assignment depend on ``v``.  Views of ``x`` taken before it keep the old node.
+            self.node = self.tracer.create_proxy("call_function", assign, (self, key, value), {}).node
+
     class _LeafTracer(fx.Tracer):
         """Module-level tracer: standard torch.nn layers (and ``extra_leaves``) are leaves."""
 
@@ -239,7 +245,15 @@ def _tracer_class(extra_leaves: tuple[type, ...]) -> type:
             return p
 
         def call_module(self, m: Any, forward: Any, args: Any, kwargs: Any) -> Any:
-            qual = self.path_of_module(m)
+            try:
+                qual = self.path_of_module(m)
+            except NameError:  # a module the model calls but does not hold (a global GELU): its ops, inlined
+                if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
+                    raise LayerGraphError(
+                        f"model {self.tracing.model_name if self.tracing else '?'!r} calls a {type(m).__name__} that is not one of "
+                        "its submodules and has parameters or buffers of its own, which the layer graph cannot attribute to a "
+                        "layer: make it a submodule of the model") from None
+                return forward(*args, **kwargs)
             try:
                 return super().call_module(m, forward, args, kwargs)
             except LayerGraphError:
@@ -298,6 +312,13 @@ class quiet_fake_tensor_logs:
 
     def __exit__(self, *exc: Any) -> None:
         self.logger.setLevel(self.level)
+
+
+def assign(x: Any, key: Any, value: Any) -> Any:
+    """``x`` with ``x[key] = value`` applied, as a new tensor (the traced form of an item assignment)."""
+    out = x.clone()
+    out[key] = value
+    return out
 
 
 def resolve_attr(root: Any, target: str) -> Any:
