@@ -7,8 +7,13 @@ a misspelt key is refused when the job builds the algorithm) and checks each val
 range with :mod:`harness.core.checks` as it takes it, naming the key as the user types it
 (``algo.budget_s must be > 0, got nan``): NaN, infinity, a negative count, a string where a
 number or a boolean belongs never reach a search.  ``graph_kind`` (declared by
-every concrete class) says which graph the harness hands it: the operator graph (``"op"``) or
-the layer graph (``"layer"``).  Algorithms see the graph, the cluster and a cost oracle,
+every concrete class) says which graph the harness hands it: the operator graph (``"op"``),
+the layer graph (``"layer"``) or the stack graph (``"stack"``: a model as a chain of
+pipeline-partitionable units, :mod:`harness.core.llm.stack`; its plan's strategy is a
+:class:`~harness.core.llm.plan.ParallelPlan`).  An algorithm that plans on several kinds
+declares ``graph_kinds``, in order of preference (``("op", "stack")``); the harness hands it
+the first kind the model gives (``harness.app.run.pick_graph_kind``); by default
+``graph_kinds`` is ``(graph_kind,)``.  Algorithms see the graph, the cluster and a cost oracle,
 never the simulator (HRL excepted: its paper trains on measured runs, see
 :mod:`algorithms.hrl`).  ``paper``, ``paper_claim`` and ``findings`` (class attributes,
 empty for a baseline) say where an algorithm comes from and where this repository's findings
@@ -54,6 +59,11 @@ class Algorithm:
     def __init__(self, name: str, seed: int = 0) -> None:
         self.name = str(name)
         self.seed = non_negative_int(seed, "seed")
+
+    @property
+    def graph_kinds(self) -> tuple[str, ...]:
+        """The graph kinds the algorithm plans on, in order of preference (see the module docstring)."""
+        return (self.graph_kind,)
 
     def plan(self, graph: Any, cluster: Cluster, costs: CostModel) -> Plan:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -4,7 +4,13 @@
 split along the sample dimension over all devices, and the simulator inserts the gradient
 all-reduce where a weight gradient (a partial sum) meets the optimizer update.
 With ``graph: layer`` the same strategy (sample degree N on every layer) is made for the
-layer graph (OptCNN's DP baseline); its Eq. 1 objective is then reported too.
+layer graph (OptCNN's DP baseline); its Eq. 1 objective is then reported too.  On a stack graph
+(a model given by its shape, ``model=llm``, which has no operator graph; or ``graph: stack``) it
+is plain DDP as a :class:`~harness.core.llm.plan.ParallelPlan`: ``dp`` = the devices, no
+tensor, pipeline or context parallelism, no sharding (ZeRO 0), the gradients all-reduced in
+buckets overlapped with the backward; ``micro_batch`` (null) is the whole per-replica batch
+for a CNN, as the operator-graph data parallelism runs it, and one sequence for a transformer
+(Megatron-LM's default ``--micro-batch-size``), the rest accumulated.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ import numpy as np
 
 from algorithms.base import Algorithm
 from algorithms.sched.constraints import follow_colocation
+from algorithms.stack_plans import stack_plan_info
 from harness.core.cluster import Cluster
 from harness.core.checks import integer, one_of, positive_int
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
+from harness.core.llm.plan import multiples_near, near, plan_from_degrees, use
+from harness.core.llm.stack import StackGraph
 from harness.core.strategy import ParallelConfig, Plan, Strategy, StrategyError
 
 
@@ -43,24 +52,34 @@ class SingleDevice(Algorithm):
 class DataParallel(Algorithm):
     """Sample-dimension degree N on every node over ``devices`` (default: all).
 
-    ``graph``: ``op`` (the operator graph, default) or ``layer`` (the layer graph: the same
-    strategy, with its OptCNN Eq. 1 / PaSE objective in ``Plan.info``).
+    ``graph``: ``op`` (the operator graph, default; a model with none, ``model=llm``, gets the
+    stack graph), ``layer`` (the layer graph: the same strategy, with its OptCNN Eq. 1 / PaSE
+    objective in ``Plan.info``) or ``stack`` (DDP on the stack graph, see the module docstring).
     """
 
     graph_kind = "op"
 
-    def __init__(self, name: str = "data_parallel", seed: int = 0, devices: int | None = None, graph: str = "op") -> None:
+    def __init__(self, name: str = "data_parallel", seed: int = 0, devices: int | None = None, graph: str = "op",
+                 micro_batch: int | None = None) -> None:
         super().__init__(name, seed)
         self.devices = None if devices is None else positive_int(devices, "algo.devices", StrategyError)
-        self.graph_kind = one_of(graph, "algo.graph", ("op", "layer"))
+        self.graph_kind = one_of(graph, "algo.graph", ("op", "layer", "stack"))
+        self.micro_batch = None if micro_batch is None else positive_int(micro_batch, "algo.micro_batch", StrategyError)
+
+    @property
+    def graph_kinds(self) -> tuple[str, ...]:
+        """``op`` first and ``stack`` where the model has no operator graph; or the kind ``algo.graph`` names."""
+        return ("op", "stack") if self.graph_kind == "op" else (self.graph_kind,)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "devices": self.devices, "graph": self.graph_kind}
+        return {**super().describe(), "devices": self.devices, "graph": self.graph_kind, "micro_batch": self.micro_batch}
 
-    def plan(self, graph: OpGraph, cluster: Cluster, costs: CostModel) -> Plan:
+    def plan(self, graph: OpGraph | StackGraph, cluster: Cluster, costs: CostModel) -> Plan:
         k = cluster.num_devices if self.devices is None else self.devices
         if k > cluster.num_devices:
             raise StrategyError(f"algo.devices={k} is more than the {cluster.num_devices} devices of cluster {cluster.name!r}")
+        if isinstance(graph, StackGraph):
+            return self.plan_stack(graph, k, cluster)
         check_batch_split(graph, k)
         cfg = ParallelConfig.make({"sample": k}, range(k))
         strategy = Strategy.uniform_config(graph.num_nodes, cfg)
@@ -70,6 +89,19 @@ class DataParallel(Algorithm):
 
         info = {**evaluate(graph, strategy, cluster, costs), "search_complete": True}
         return Plan(graph, strategy, info=info)
+
+
+    def plan_stack(self, graph: StackGraph, k: int, cluster: Cluster) -> Plan:
+        """DDP over ``k`` GPUs of a stack graph (see the module docstring)."""
+        batch = int(graph.batch_size)
+        if batch % k:
+            ks = near(lambda v: batch % v == 0, k, 1, cluster.num_devices)
+            raise StrategyError(f"data parallelism over {k} GPUs splits model.batch_size={batch} {k} ways, which does not divide it: "
+                                f"use model.batch_size={' or '.join(map(str, multiples_near(batch, k)))}"
+                                + (f", or {use('algo.devices', ks)}" if ks else ""))
+        mb = self.micro_batch or (batch // k if graph.spec is None else 1)
+        plan = plan_from_degrees(graph, k, dp=k, micro_batch=mb, zero=0, meta={"algo": self.name})
+        return Plan(graph, plan, info=stack_plan_info(plan, graph, cluster))
 
 
 def check_batch_split(graph: Any, k: int) -> None:

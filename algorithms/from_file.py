@@ -7,6 +7,14 @@ fingerprint) and, when its plan's graph is a rewrite of the captured one (FD-DPS
 names that graph's file (``plan_graph``, relative to the strategy file) and ``plan_origin``; the
 replayed plan is then the same graph and strategy, so it simulates to the same step time.
 
+A parallel plan (a stack-graph algorithm's ``strategy.json``: ``format``
+``harness.parallel_plan/1``, :class:`~harness.core.llm.plan.ParallelPlan`) replays on the stack
+graph of the same model: its units are checked against the file's ``graph`` record, and the plan
+against every rule of :meth:`~harness.core.llm.plan.ParallelPlan.validate` on this job's batch
+and cluster (a plan may use fewer GPUs than the cluster has, as ``algo=data_parallel
+algo.devices=k`` does).  A hand-written plan may leave ``stages`` out: the default partition
+(:func:`~harness.core.llm.plan.default_stages`) then applies.
+
 Every mistake is a :class:`ReplayError` (a :class:`~harness.core.errors.UserError`) of one line
 that names the file and what does not fit: a missing or malformed file, a strategy planned on a
 layer graph, one for another graph (both graphs named), a device outside the cluster (the node
@@ -21,10 +29,13 @@ from typing import Any
 import numpy as np
 
 from algorithms.base import Algorithm
+from algorithms.stack_plans import stack_plan_info
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.errors import UserError
-from harness.core.graph import OpGraph
+from harness.core.graph import OpGraph, read_json_object
+from harness.core.llm.plan import PLAN_FORMAT, ParallelPlan, PlanError, plan_from_degrees
+from harness.core.llm.stack import StackGraph
 from harness.core.strategy import Plan, Strategy, StrategyError, graph_identity
 
 #: what ``algo.path`` holds when the user gave none (OmegaConf's mandatory value)
@@ -62,11 +73,25 @@ def plan_graph_path(p: Path, name: Any) -> Path:
     return gp
 
 
+def file_format(path: Any) -> str | None:
+    """The ``format`` a strategy file declares, or None when it cannot be read as a JSON object
+    (:meth:`FromFile.plan` then says why)."""
+    try:
+        return read_json_object(path, "strategy file", ReplayError).get("format")
+    except UserError:
+        return None
+
+
 class FromFile(Algorithm):
     """Loads the strategy at ``path``, checks it against the graph and the cluster and returns it
     as the plan (no search)."""
 
     graph_kind = "op"
+
+    @property
+    def graph_kinds(self) -> tuple[str, ...]:
+        """``stack`` for a parallel plan's file, else ``op``."""
+        return ("stack",) if self.path and file_format(self.path) == PLAN_FORMAT else ("op",)
 
     def __init__(self, name: str = "from_file", seed: int = 0, path: str | None = None) -> None:
         super().__init__(name, seed)
@@ -85,6 +110,11 @@ class FromFile(Algorithm):
         if not p.exists():
             raise ReplayError(f"algo.path={p}: no such strategy file; give a job's strategy.json (outputs/<date>/<time>/strategy.json) "
                               "or one written by hand (docs/strategy_format.md)")
+        if isinstance(graph, StackGraph):
+            return self.plan_stack(p, graph, cluster)
+        if file_format(p) == PLAN_FORMAT:
+            raise ReplayError(f"strategy file {p} is a parallel plan of a stack graph, and this job's graph is an operator graph: "
+                              "replay it with a model that gives a stack graph (model=llm, its presets, or a zoo CNN)")
         strategy, d = Strategy.read(p)
         rec = d.get("graph")
         if rec is not None and not isinstance(rec, dict):
@@ -113,6 +143,31 @@ class FromFile(Algorithm):
         if strategy.meta.get("algo") is not None:
             info["source_algo"] = strategy.meta["algo"]
         return Plan(plan_graph, strategy, origin=origin, info=info)
+
+    def plan_stack(self, p: Path, graph: StackGraph, cluster: Cluster) -> Plan:
+        """Replay the parallel plan at ``p`` on ``graph`` (see the module docstring)."""
+        d = read_json_object(p, "strategy file", ReplayError)
+        rec = d.get("graph") or {}
+        if not isinstance(rec, dict):
+            raise ReplayError(f"strategy file {p}: 'graph' must be an object (kind, nodes, fingerprint), got {rec!r:.60}")
+        here = graph_identity(graph)
+        if ("nodes" in rec and rec["nodes"] != here["nodes"]) or ("fingerprint" in rec and rec["fingerprint"] != here["fingerprint"]):
+            raise ReplayError(f"strategy file {p} is for another graph: it was planned for {describe_graph(rec)}, this job's graph is "
+                              f"{describe_graph(here)}; replay it with the model (and model.* shape) it was planned with")
+        body = {k: v for k, v in d.items() if k not in ("format", "graph")}
+        try:
+            plan = ParallelPlan.from_dict(d)
+            if plan.gpus > cluster.num_devices:
+                raise PlanError(f"the plan uses {plan.gpus} GPUs (tp x pp x dp x cp), and cluster {cluster.name} has {cluster.num_devices}")
+            if not plan.stages:
+                plan = plan_from_degrees(graph, plan.gpus, **{k: v for k, v in body.items() if k != "stages"})
+            plan.validate(graph, plan.gpus)
+        except PlanError as e:
+            raise ReplayError(f"strategy file {p} does not fit cluster {cluster.name} and this graph: {e}") from None
+        info: dict[str, Any] = {"replayed_from": str(p), **stack_plan_info(plan, graph, cluster)}
+        if plan.meta.get("algo") is not None:
+            info["source_algo"] = plan.meta["algo"]
+        return Plan(graph, plan, info=info)
 
     @staticmethod
     def load_plan_graph(p: Path, d: dict[str, Any]) -> tuple[OpGraph, np.ndarray | None]:

@@ -1,4 +1,5 @@
-"""Gantt chart of a simulated step: one row per device, one per busy link."""
+"""Gantt chart of a simulated step: one row per device, one per busy link (a stack plan's pipeline:
+:mod:`simulators.pipeline_gantt`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from harness.core.graph import PHASES
-from simulators.simulate import SimResult
+from simulators.pipeline_gantt import plot_pipeline
+from simulators.result import SimResult
 from simulators.taskgraph import COMPUTE
 
 #: grey levels that stay apart in black and white, plus hatching for communication
@@ -62,7 +64,11 @@ def _legend(ax: Any, measured: bool = False) -> None:
 
 
 def plot_gantt(sim: SimResult, path: str | Path, max_links: int = 16, title: str | None = None) -> None:
-    """Draw devices (compute tasks coloured by phase) and the ``max_links`` busiest links."""
+    """Draw devices (compute tasks coloured by phase) and the ``max_links`` busiest links; a stack
+    plan's step is drawn as its pipeline (:func:`simulators.pipeline_gantt.plot_pipeline`)."""
+    if sim.taskgraph.meta.get("graph") == "stack":
+        plot_pipeline(sim, path, title)
+        return
     import matplotlib
 
     matplotlib.use("Agg")

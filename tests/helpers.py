@@ -30,6 +30,16 @@ def make_cluster(gpus: int = 4, nodes: int = 1, topology: str = "switch", bw_GBp
     )
 
 
+def preset_cluster(*overrides: str) -> Cluster:
+    """The cluster a job would get from ``overrides`` (``cluster=superpod_a100``, ``cluster.nodes=4``),
+    through Hydra's composition of conf/ and the preset's ``_target_``, without building the rest."""
+    from hydra.utils import instantiate
+
+    from harness.app.compose import compose
+
+    return instantiate(compose(list(overrides)).cluster, _convert_="all")
+
+
 def make_graph(n: int, edges: list[tuple[int, int]], flops: list[float] | None = None, nbytes: list[int] | None = None, role: int = BATCHED) -> OpGraph:
     """A plain DAG: node i does flops[i] FLOPs (default 1 GFLOP), edge e moves nbytes[e] bytes."""
     flops = flops if flops is not None else [1e9] * n

@@ -34,7 +34,7 @@ def test_graph_kind_is_declared_by_the_class_or_a_base_that_is_not_algorithm(pat
     assert issubclass(cls, Algorithm)
     owners = [k for k in cls.__mro__ if "graph_kind" in vars(k) and k is not Algorithm and k is not object]
     assert owners, f"{cls.__name__} does not declare graph_kind"
-    assert getattr(cls, "graph_kind") in ("op", "layer")
+    assert getattr(cls, "graph_kind") in ("op", "layer", "stack")
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.stem)

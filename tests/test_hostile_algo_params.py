@@ -114,11 +114,11 @@ def test_a_fraction_where_an_integer_belongs_is_refused(stem: str, key: str) -> 
 @pytest.mark.parametrize("stem, key", parameters("number"), ids=lambda x: str(x))
 def test_zero_is_refused_where_it_means_nothing(stem: str, key: str) -> None:
     """Zero is a valid seed, device id, number of rounds, threshold, decay, merge ratio, minimum
-    time, parameter limit, failing signal, FD-DPS horizon (0: exact) or a layer search's budget
-    (0: the best baseline of its space at once); for every other parameter (HRL's and m-SCT's
-    time limits, counts, rates, memory caps) it is refused."""
+    time, parameter limit, failing signal, FD-DPS horizon (0: exact), a layer search's budget
+    (0: the best baseline of its space at once) or ZeRO stage (0: plain DDP); for every other
+    parameter (HRL's and m-SCT's time limits, counts, rates, memory caps, parallel degrees) it is refused."""
     zero_ok = {"seed", "device", "max_rounds", "threshold", "baseline_decay", "merge_ratio", "min_time_ms", "max_param_MiB",
-               "failing_signal", "horizon", "exact_up_to", "beta", "budget_s"}
+               "failing_signal", "horizon", "exact_up_to", "beta", "budget_s", "zero"}
     kw: dict[str, Any] = {"seed": 0} if key == "seed" else {key: 0}
     if key in zero_ok:
         build(stem, **kw)
@@ -147,6 +147,10 @@ def test_a_choice_names_its_options(stem: str, key: str) -> None:
     ("fddps", {"horizon": 0, "compiled": None, "split_dim": "channel"}),
     ("fddps", {"horizon": 5.0}),
     ("pase", {"cutoff": "auto", "dtype": "float32"}),
+    ("megatron", {"tp": 8, "pp": 8, "vpp": 3, "dp": None, "schedule": None, "zero": 0, "stages": "balanced", "recompute": "selective"}),
+    ("megatron", {"schedule": "zb_h1", "zero": 3, "stages": [3, 4, 3]}),
+    ("fsdp", {"tp": 2, "recompute": "full", "reshard_after_forward": False}),
+    ("data_parallel", {"graph": "stack", "micro_batch": 4}),
 ])
 def test_the_values_the_papers_allow_are_taken(stem: str, values: dict[str, Any]) -> None:
     algo = build(stem, **values)

@@ -67,7 +67,7 @@ def kernels(**over: Any) -> dict[str, Any]:
     (lambda d: d.update(kernels="abc"), ["field 'kernels' must be null or a JSON object", "got str"]),
     (lambda d: d.update(kernels=[1, 2]), ["field 'kernels' must be null or a JSON object", "got list"]),
     (lambda d: d.update(kernels={"node": [0]}), ["field 'kernels' needs the lists", "'kind' is missing"]),
-    (lambda d: d.update(kernels=kernels(kind=[9])), ["kernels.kind[0] = 9 is not in 0..4"]),
+    (lambda d: d.update(kernels=kernels(kind=[9])), ["kernels.kind[0] = 9 is not in 0..5"]),
     (lambda d: d.update(kernels=kernels(node=[3])), ["kernels.node[0] = 3 is not in 0..2"]),
     (lambda d: d.update(kernels=kernels(dims=[[2**70] * 14])), ["kernels.dims[0] = 1.18e+21 is not in 0..2147483647"]),
     (lambda d: d.update(kernels=kernels(dims=[[1] * 13])), ["field 'dims' has 13 entries, expected 14"]),

@@ -413,7 +413,7 @@ def test_collect_into_a_folder_that_cannot_be_written_is_one_line(tmp_path, caps
 @pytest.mark.parametrize("argv, fragment", [
     (["--out", ""], "argument --out: an empty --out names no directory"),
     (["--out", "{file}"], "argument --out: --out {file} is a file, not a directory"),
-    (["--models", "nosuchmodel"], "argument --models: unknown model 'nosuchmodel': the models (conf/model) are alexnet, built"),
+    (["--models", "nosuchmodel"], "argument --models: unknown model 'nosuchmodel': the models (conf/model) are alexnet, "),
 ])
 def test_experiment_arguments_that_name_nothing_are_one_line(scratch, tmp_path, capsys, argv, fragment):
     """``--out ''`` is refused (it once meant the default, the committed results/), and so is an

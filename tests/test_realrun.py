@@ -115,6 +115,9 @@ def _run_cases(models: list[str]) -> dict[tuple[str, str], Any]:
             for algo_name in (ALGOS if gran == "aten" else ["round_robin"]):
                 a = algo_name if gran == "aten" else f"{algo_name}@layer"
                 algo = _algorithm(algo_name, cfg)
+                if getattr(algo, "graph_kind", "op") == "stack":
+                    cases[(m, a)] = f"{algo_name}: a parallel plan of a stack graph, which sim=realrun does not execute (simulated only)"
+                    continue
                 layer_kind = getattr(algo, "graph_kind", "op") != "op"
                 if layer_kind and gran != "aten":
                     continue

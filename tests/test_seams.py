@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra.utils import instantiate
 
 from harness.app.compose import compose
 from harness.core.costs import CostModel
 from harness.core.errors import UserError
-from harness.core.sources import GraphSource, LayerGraphSource, TorchSource
+from harness.core.kernels import GEMM, MEM, NCOLS, KernelTable
+from harness.core.sources import GraphSource, LayerGraphSource, StackSource, TorchSource
 from simulators.simulate import ExecutingBackend, SimulatorBackend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,6 +26,7 @@ EXAMPLE_GRAPH = REPO / "docs" / "examples" / "profiled_graph.json"
     (["model=synthetic"], (GraphSource, LayerGraphSource)),
     (["model=pase_alexnet"], (GraphSource, LayerGraphSource)),
     (["model=from_file", f"model.path={EXAMPLE_GRAPH}"], (GraphSource, LayerGraphSource)),
+    (["model=llm"], (GraphSource, StackSource)),
 ])
 def test_model_sources_are_graph_sources(overrides, kinds):
     source = instantiate(compose(overrides).model, _recursive_=False)
@@ -56,6 +59,11 @@ def test_every_cost_model_answers_the_protocol(costs):
         lat, bw = routes
         assert model.transfer_time(1e6, 0, 1) == pytest.approx(lat[0, 1] + 1e6 / bw[0, 1])
     assert isinstance(model.report(), dict)
+    # a kernel table (a transformer block's kernels): seconds per node, finite, > 0 where it has rows
+    gemm = KernelTable([0, 0, 2], [GEMM, MEM, GEMM], [[1, 256, 256, 256] + [0] * (NCOLS - 4), [10**6] + [0] * (NCOLS - 1),
+                                                      [1, 64, 64, 64] + [0] * (NCOLS - 4)], [1, 0, 1], [0, 0, 0], [False] * 3)
+    t = model.kernel_times(gemm, 0, 3)
+    assert t.shape == (3,) and np.all(np.isfinite(t)) and t[0] > 0 and t[1] == 0 and t[2] > 0
 
 
 @pytest.mark.parametrize("sim, executes", [("default", False), ("realrun", True)])

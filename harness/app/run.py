@@ -25,7 +25,7 @@ from harness.app.result_checks import baseline_check, check_finite, source_warni
 from harness.app.summary import format_seconds
 from harness.core.cluster import Cluster
 from harness.core.errors import OptionError, UserError
-from harness.core.sources import GraphSource, LayerGraphSource
+from harness.core.sources import GraphSource
 from simulators.simulate import ExecutingBackend
 from harness.core.strategy import PLAN_GRAPH_FILE, Plan, graph_identity
 
@@ -204,17 +204,22 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
     check_config(cfg)
     source, cluster, costs, algo, sim = build(cfg)
     gcfg = _to_plain(cfg.get("graph", {})) or {}
-    kind = getattr(algo, "graph_kind", "op")
+    if not isinstance(source, GraphSource):
+        raise UserError(f"model {getattr(source, 'name', '?')!r} ({type(source).__name__}) is not a graph source "
+                        f"(harness.core.sources.GraphSource), which algo={algo.name} needs: give model._target_ a class with name, "
+                        "batch_size, graph_source and op_graph (and layer_graph, stack_graph)")
+    kind = pick_graph_kind(algo, source)
     if isinstance(sim, ExecutingBackend):  # a backend that executes the graph (sim=realrun) needs its fx module
+        if kind == "stack":
+            raise UserError(f"sim=realrun executes operator-graph plans, and algo={algo.name} plans the stack graph (a parallel plan "
+                            "the simulator replays): use sim=default")
         gcfg = {**gcfg, "keep_fx": True}
         sim.bind(source, seed=int(cfg.seed), graph_cfg=gcfg)
-    if not isinstance(source, GraphSource) or (kind == "layer" and not isinstance(source, LayerGraphSource)):
-        what = "a layer graph source (harness.core.sources.LayerGraphSource)" if kind == "layer" else "a graph source (harness.core.sources.GraphSource)"
-        raise UserError(f"model {getattr(source, 'name', '?')!r} ({type(source).__name__}) is not {what}, which algo={algo.name} needs: "
-                        "give model._target_ a class with name, batch_size, graph_source and op_graph (and layer_graph)")
     t0 = time.perf_counter()
     if kind == "op":
         graph = source.op_graph(**gcfg)
+    elif kind == "stack":
+        graph = source.stack_graph(precision=str(gcfg.get("precision", "fp32")))
     else:
         graph = source.layer_graph(precision=str(gcfg.get("precision", "fp32")), cache=bool(gcfg.get("cache", True)))
     capture_s = time.perf_counter() - t0
@@ -238,13 +243,14 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
         "num_devices": cluster.num_devices,
         "batch_size": int(source.batch_size),
         "graph_nodes": int(graph.num_nodes),
-        "graph_edges": int(graph.num_edges),
+        "graph_edges": edge_count(graph),
         "plan_nodes": int(plan.graph.num_nodes),
-        "plan_edges": int(plan.graph.num_edges),
+        "plan_edges": edge_count(plan.graph),
         "search_seconds": search_s,
         "capture_seconds": capture_s,
         "graph_from_cache": graph_source in ("disk", "memory"),
         "graph_source": graph_source,
+        "graph_kind": kind,
         "simulate_seconds": sim_s,
         **summary,
         **bound,
@@ -269,12 +275,50 @@ def run(cfg: Any, on_plan: Callable[[Plan, Any], None] | None = None, reference_
     return Result(row=row, plan=plan, sim=res, cluster=cluster, graph=graph, about=about)
 
 
+#: what each graph kind needs of a model source: the method that gives it
+GRAPH_METHODS = {"op": "op_graph", "layer": "layer_graph", "stack": "stack_graph"}
+
+
+def source_graph_kinds(source: Any) -> tuple[str, ...]:
+    """The graph kinds a model source gives: its ``graph_kinds`` where it declares them (a model
+    described by its shape, ``model=llm``, gives only ``("stack",)``), else ``op`` and each kind
+    whose method it has (``layer_graph``, ``stack_graph``)."""
+    declared = getattr(source, "graph_kinds", None)
+    if declared is not None:
+        return tuple(str(k) for k in declared)
+    return ("op", *(k for k in ("layer", "stack") if callable(getattr(source, GRAPH_METHODS[k], None))))
+
+
+def pick_graph_kind(algo: Any, source: Any) -> str:
+    """The first of the algorithm's graph kinds (``graph_kinds``, in its order of preference;
+    ``(graph_kind,)`` for an algorithm that declares one) that the model source gives; a model
+    that gives none of them is one line naming what the algorithm plans on."""
+    wanted = tuple(getattr(algo, "graph_kinds", None) or (getattr(algo, "graph_kind", "op"),))
+    given = source_graph_kinds(source)
+    for k in wanted:
+        if k in given:
+            return k
+    what = {"op": "an operator graph (a PyTorch model it captures)", "layer": "a layer graph (harness.core.sources.LayerGraphSource)",
+            "stack": "a stack graph (a transformer by its shape, model=llm and its presets, or a zoo CNN's layers in order)"}
+    need = " or ".join(what.get(k, k) for k in wanted)
+    by = {"op": "algorithms that place operators (algo=m_topo, heft, fddps, ...)", "layer": "layer-graph searches (algo=optcnn, pase, ...)",
+          "stack": "the stack algorithms (algo=megatron, fsdp, data_parallel)"}
+    raise UserError(f"algo={getattr(algo, 'name', '?')} plans on {need}, and model {getattr(source, 'name', '?')!r} "
+                    f"({type(source).__name__}) gives {', '.join(given)} graphs only: plan it with {' or '.join(by.get(k, k) for k in given)}")
+
+
+def edge_count(graph: Any) -> int:
+    """A graph's edges (a stack graph: the chain between its units, ``units - 1``, where it does not count them itself)."""
+    n = getattr(graph, "num_edges", None)
+    return int(n) if n is not None else max(int(graph.num_nodes) - 1, 0)
+
+
 def _checked_warnings(cfg: Any, source: Any, graph: Any, cluster: Cluster, costs: Any, step_s: float,
                       info: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     """``warnings`` (what the source flags, a search slower in simulation than a baseline it
     ranks no better) and the baseline comparison (:mod:`harness.app.result_checks`), which runs
     with the worth references (``output.worth``)."""
-    warnings = source_warnings(source)
+    warnings = source_warnings(source) + [str(w) for w in info.get("warnings", ())]  # a plan's (a TP group across nodes)
     out: dict[str, Any] = {}
     if (cfg.get("output") or {}).get("worth", True):
         out = baseline_check(graph, cluster, costs, step_s, info, {"data_parallel": row.get("data_parallel_step_s")})

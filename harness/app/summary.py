@@ -46,9 +46,12 @@ def format_summary(row: dict[str, Any], about: dict[str, str] | None = None) -> 
     """The summary ``python -m harness`` prints: the job's figures, then :func:`reference_table`
     and :func:`finding` (which ``about``, the algorithm's :meth:`~algorithms.base.Algorithm.about`,
     completes)."""
-    oom = "YES on devices " + ",".join(map(str, row.get("oom_devices", []))) if row["oom"] else "no"
+    stack = row.get("graph_kind") == "stack"
+    where = "pipeline stages" if stack else "devices"
+    oom = f"YES on {where} " + ",".join(map(str, row.get("oom_devices", []))) if row["oom"] else "no"
     lines = [
         ("model", f"{row['model']}, global batch {row['batch_size']} (a data-parallel plan splits it over its devices)"),
+        ("units", f"{row['graph_nodes']} pipeline units (a stage holds a run of them)") if stack else
         ("nodes", f"{row['graph_nodes']} nodes, {row['graph_edges']} edges" + (
             f" (plan: {row['plan_nodes']} nodes)" if row.get("plan_nodes") not in (None, row["graph_nodes"]) else "")),
         ("devices", f"{row['num_devices']} on {row['cluster']} ({row.get('devices_used', '?')} used)"),
@@ -60,10 +63,10 @@ def format_summary(row: dict[str, Any], about: dict[str, str] | None = None) -> 
         ("lower bound", bound_line(row)),
         *worth_lines(row),
         ("OOM", oom),
-        ("bytes moved", format_bytes(row["comm_bytes"]) + (
+        ("bytes sent per GPU" if stack else "bytes moved", format_bytes(row["comm_bytes"]) + (
             " (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in row.get("bytes_by_class", {}).items() if v) + ")"
-            if any(row.get("bytes_by_class", {}).values()) else "")),
-        ("peak memory", format_bytes(max(row["peak_memory_bytes"])) + " (max over devices)"),
+            if any(row.get("bytes_by_class", {}).values()) else "") + (" (one GPU of each stage, summed)" if stack else "")),
+        *(stack_lines(row) if stack else [("peak memory", format_bytes(max(row["peak_memory_bytes"])) + " (max over devices)")]),
     ]
     w = max(len(k) for k, _ in lines)
     out = [f"{k:<{w}}  {v}" for k, v in lines]
@@ -76,6 +79,37 @@ def format_summary(row: dict[str, Any], about: dict[str, str] | None = None) -> 
     if said:
         out += ["", *textwrap.wrap(said, width=100, initial_indent=f"{'finding':<{w}}  ", subsequent_indent=" " * (w + 2))]
     return "\n".join(out)
+
+
+def plan_line(plan: dict[str, Any], m: int | None) -> str:
+    """A parallel plan on one line: degrees, schedule, micro-batches, recomputation, SP, ZeRO."""
+    sched = plan.get("schedule", "1f1b") + (f", vpp {plan['vpp']}" if plan.get("vpp", 1) > 1 else "")
+    degrees = " x ".join(f"{k} {plan[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if k in ("tp", "pp", "dp") or plan.get(k, 1) > 1)
+    return (f"{degrees} ({sched}); micro-batch {plan.get('micro_batch')}" + (f", {m} per step" if m else "")
+            + f"; recompute {plan.get('recompute')}; SP {'on' if plan.get('sequence_parallel') else 'off'}; ZeRO {plan.get('zero')}")
+
+
+def stack_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """The figures of a pipeline plan (a stack graph): the plan, throughput, MFU and HFU
+    (Korthikanti's), the bubble, the exposed communication by kind and the memory of one GPU by
+    kind (the stage with the highest peak; every GPU of a stage holds the same)."""
+    plan = (row.get("algo_info") or {}).get("parallel_plan") or {}
+    m = (row.get("pipeline") or {}).get("m")
+    out = [("plan", plan_line(plan, m))] if plan else []
+    if row.get("tokens_per_s_per_gpu") is not None:
+        unit = "tokens" if (row.get("pipeline") or {}).get("seq_len", 2) > 1 else "samples"  # a CNN's "tokens" are its samples
+        out.append(("throughput", f"{row['tokens_per_s_per_gpu']:,.0f} {unit}/s per GPU, {row['model_tflops_per_gpu']:.1f} model TFLOP/s "
+                                  f"per GPU, MFU {100 * row['mfu']:.1f}%, HFU {100 * row['hfu']:.1f}%"))
+    if row.get("bubble_fraction") is not None:
+        out.append(("bubble", f"{100 * row['bubble_fraction']:.1f}% of the step (stages idle, waiting for none of the communication below)"))
+    exposed = {k: v for k, v in (row.get("comm_exposed_s") or {}).items() if v > 0}
+    if exposed:
+        out.append(("exposed comm", ", ".join(f"{k} {format_seconds(v)}" for k, v in exposed.items()) + " (mean over stages)"))
+    cap = max(row.get("mem_capacity_bytes") or [0])
+    peak = row.get("peak_memory_max_bytes", max(row["peak_memory_bytes"]))
+    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in (row.get("memory_breakdown") or {}).items() if v)
+    out.append(("memory per GPU", f"{format_bytes(peak)} of {format_bytes(cap)}" + (f": {parts}" if parts else "")))
+    return out
 
 
 def worth_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
@@ -91,17 +125,19 @@ def reference_table(row: dict[str, Any]) -> list[str]:
     """The plan beside the reference plans of :mod:`harness.app.worth` (one device, data
     parallelism over every device), simulated on the same cluster with the same costs: step
     time and speed-ups.  None when the job did not simulate them (``output.worth=false``); no
-    data-parallel row when the batch cannot be split over the devices."""
+    data-parallel row when the batch cannot be split over the devices, and on a stack graph no
+    row for a reference that does not fit in memory (:mod:`harness.app.worth`)."""
     single, dp = row.get("single_device_step_s"), row.get("data_parallel_step_s")
-    if single is None:
+    if single is None and dp is None:
         return []
-    plans = [(f"{row['algo']} (this job)", row["step_time_s"]), ("one device", single), *([("data parallel", dp)] if dp else [])]
+    plans = [(f"{row['algo']} (this job)", row["step_time_s"]), *([("one device", single)] if single else []),
+             *([("data parallel", dp)] if dp else [])]
 
     def x(a: float, b: float) -> str:
         return f"{a / b:.2f}x" if b > 0 and a == a and b == b else "-"
 
-    head = ("plan", "step", "vs one device", *(["vs data parallel"] if dp else []))
-    cells = [(name, format_seconds(t), x(single, t), *([x(dp, t)] if dp else [])) for name, t in plans]
+    head = ("plan", "step", *(["vs one device"] if single else []), *(["vs data parallel"] if dp else []))
+    cells = [(name, format_seconds(t), *([x(single, t)] if single else []), *([x(dp, t)] if dp else [])) for name, t in plans]
     widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
 
     def fmt(c: tuple[str, ...]) -> str:

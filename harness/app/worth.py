@@ -8,6 +8,15 @@ layer graph: OptCNN's and PaSE's own baselines).  ``estimate_gap`` is the algori
 estimate of its step (``objective_s`` in ``Plan.info``, where it has one) over the simulated
 step, minus 1.  A plan slower than one device is flagged (``slower_than_single_device``).
 
+On a stack graph (``algo=megatron``, ``fsdp``: a transformer by its shape, or a CNN's layers in
+a pipeline) the references are parallel plans of it: one device is the whole batch as one
+micro-batch on one GPU (no pipeline, no sharding, as the operator graph's reference runs it)
+and data parallelism is plain DDP over every GPU (``algo=data_parallel``'s stack plan: ZeRO 0,
+one sequence per micro-batch for a transformer, the per-replica batch for a CNN).  A reference
+that does not fit in the device's memory (the simulation's out-of-memory verdict) is left out,
+not reported: a 70B model's step "on one GPU" is no step anyone can run, and a speed-up over it
+would mean nothing.  So are data parallelism's where the batch does not split over the GPUs.
+
 The references depend only on the graph, cluster and cost model, not on the algorithm, so a
 sweep over algorithms computes them once: in-process they are memoised; across the jobs of
 a sweep they are read from and written to ``<sweep dir>/.references/<key>.json`` (atomic
@@ -59,6 +68,9 @@ def simulate_references(graph: Any, cluster: Any, costs: Any, graph_kind: str) -
     from algorithms.baselines import DataParallel, SingleDevice
     from simulators.simulate import simulate
 
+    if graph_kind == "stack":
+        return stack_references(graph, cluster, costs)
+
     single = SingleDevice().plan(graph, cluster, costs)
     refs = {"single_device_s": float(simulate(graph, single.strategy, cluster, costs).step_time_s)}
     try:
@@ -69,6 +81,28 @@ def simulate_references(graph: Any, cluster: Any, costs: Any, graph_kind: str) -
     return refs
 
 
+def stack_references(graph: Any, cluster: Any, costs: Any) -> dict[str, float]:
+    """The references of a stack graph (see the module docstring): each simulated step that fits
+    in memory."""
+    from algorithms.baselines import DataParallel
+    from harness.core.llm.plan import plan_from_degrees
+    from simulators.simulate import simulate
+
+    refs: dict[str, float] = {}
+    one = plan_from_degrees(graph, 1, dp=1, micro_batch=int(graph.batch_size), zero=0, meta={"algo": "single_device"})
+    res = simulate(graph, one, cluster, costs)
+    if not res.oom:
+        refs["single_device_s"] = float(res.step_time_s)
+    try:
+        dp = DataParallel().plan(graph, cluster, costs)
+    except UserError:  # a batch that does not split over the GPUs: no data-parallel step to compare with
+        return refs
+    res = simulate(graph, dp.strategy, cluster, costs)
+    if not res.oom:
+        refs["data_parallel_s"] = float(res.step_time_s)
+    return refs
+
+
 def worth(step_s: float, refs: dict[str, float], info: dict[str, Any]) -> dict[str, Any]:
     """The result.json keys of a plan's worth (see the module docstring)."""
     def ratio(a: float, b: float) -> float | None:
@@ -76,10 +110,11 @@ def worth(step_s: float, refs: dict[str, float], info: dict[str, Any]) -> dict[s
 
     est = info.get("objective_s")
     gap = ratio(float(est), step_s) if isinstance(est, (int, float)) else None
-    vs_single = ratio(refs["single_device_s"], step_s)
+    single_s = refs.get("single_device_s")  # None when one device cannot hold the step (a stack graph's reference)
+    vs_single = None if single_s is None else ratio(single_s, step_s)
     dp_s = refs.get("data_parallel_s")  # None when the batch cannot be split over the devices
     return {
-        "single_device_step_s": refs["single_device_s"],
+        "single_device_step_s": single_s,
         "data_parallel_step_s": dp_s,
         "speedup_vs_single_device": vs_single,
         "speedup_vs_data_parallel": None if dp_s is None else ratio(dp_s, step_s),

@@ -25,7 +25,9 @@ data, FP32 math) at the FP32 peak, and BF16 on a V100 runs at FP32 speed.
 
 Memory-bound kernels (DeepBench has none) keep the roofline's reading: ``launch + bytes /
 (mem_efficiency x bandwidth)``, with the bytes of multi-pass kernels (batch norm, softmax,
-layer norm) counted per pass.  All-reduce: NCCL's ring fitted to DeepBench's measured
+layer norm) counted per pass.  Fused attention kernels (``ATTN`` rows of a transformer block,
+:mod:`harness.core.llm.work`; DeepBench measured none) are the analytical roofline's too, at its
+``attention`` efficiency (:meth:`kernel_times`).  All-reduce: NCCL's ring fitted to DeepBench's measured
 all-reduces (:func:`harness.app.kernel_fit.allreduce_fit`), ``2(p-1) alpha + 2(p-1)/p bytes /
 (eta B)`` with ``B`` the cluster's ring bandwidth (:meth:`harness.core.cluster.Cluster.ring_bandwidth`)
 and ``alpha``, ``eta`` of the measured group size nearest below (one host) or of the
@@ -51,7 +53,7 @@ from harness.core.costs import AnalyticalCostModel, affine_bytes, node_memory, r
 from harness.core.errors import UserError
 from harness.core.graph import OpGraph
 from harness.core.kernel_model import CLASSES, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, conv_flags, load_table
-from harness.core.kernels import CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, GEMM, MEM, KernelTable
+from harness.core.kernels import ATTN, CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, GEMM, MEM, KernelTable
 from harness.core.precision import BF16, FP16, TF32
 
 if TYPE_CHECKING:
@@ -164,21 +166,42 @@ class CalibratedCostModel:
         key = (spec.kind, float(fraction))
         if key not in per_graph:  # a node the graph has a measured time for takes it (with_measured)
             per_graph[key] = with_measured(graph, spec.kind, fraction,
-                                           self._kernel_node_times(graph.num_nodes, kernels, spec, fraction))
+                                           self._kernel_node_times(graph.num_nodes, kernels, spec, fraction, device))
         return per_graph[key]
 
-    def _kernel_node_times(self, n: int, kt: KernelTable, spec: DeviceSpec, fraction: float) -> np.ndarray:
+    def _kernel_node_times(self, n: int, kt: KernelTable, spec: DeviceSpec, fraction: float | np.ndarray,
+                           device: int = 0) -> np.ndarray:
         dims = kt.with_fraction(fraction)
         t = np.zeros(len(kt))
         mem = kt.kind == MEM
         t[mem] = self.launch + dims[mem, 0] / (spec.mem_bw * self.mem_eff)
+        attn = kt.kind == ATTN  # no fit: the roofline's (see the module docstring)
+        if attn.any():
+            rows = np.flatnonzero(attn)
+            scaled = KernelTable(np.zeros(len(rows)), kt.kind[rows], dims[rows].astype(np.int64), kt.bdim[rows], kt.math[rows],
+                                 kt.rnn[rows])
+            t[attn] = self.analytical.kernel_row_times(scaled, device)
+            self._used.setdefault(spec.kind, set()).add("analytical roofline (attention kernels)")
         flops = kt.flops(dims)
-        for math in sorted(set(kt.math[~mem].tolist())):
+        fitted = ~mem & ~attn
+        for math in sorted(set(kt.math[fitted].tolist())):
             fit = self._fit(spec, math)
             self._used.setdefault(spec.kind, set()).add(fit.label)
-            sel = (kt.math == math) & ~mem
+            sel = (kt.math == math) & fitted
             t[sel] = self._compute_rows(fit, kt.kind[sel], dims[sel], flops[sel], kt.rnn[sel], kt)
         return np.bincount(kt.node, weights=t, minlength=n)
+
+    def kernel_times(self, kernels: KernelTable, device: int, num_nodes: int = 1) -> np.ndarray:
+        """Seconds per node of a kernel table (each row whole): GEMM and convolution rows by the
+        fits, attention and memory-bound rows by the roofline; a device without fits entirely by
+        the roofline (:meth:`harness.core.costs.AnalyticalCostModel.kernel_times`)."""
+        spec = self.cluster.devices[device].spec
+        if not self.calibrated(spec.kind):
+            self._used.setdefault(spec.kind, set()).add("analytical roofline (no kernel fit for this device)")
+            return self.analytical.kernel_times(kernels, device, num_nodes)
+        if not len(kernels):
+            return np.zeros(num_nodes)
+        return self._kernel_node_times(num_nodes, kernels, spec, 1.0, device)
 
     @staticmethod
     def _gemm_dims(kind: np.ndarray, d: np.ndarray, kt: KernelTable) -> np.ndarray:
@@ -261,7 +284,7 @@ class CalibratedCostModel:
             if counts.sum():
                 entry = np.repeat(np.arange(len(idx)), counts)
                 rows = np.repeat(ptr[idx], counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-                t = self._kernel_node_times(len(idx), kt.take(rows, entry), spec, frac[entry])
+                t = self._kernel_node_times(len(idx), kt.take(rows, entry), spec, frac[entry], device)
                 res[counts > 0] = t[counts > 0]
             out.append(res)
         return out[0], out[1]

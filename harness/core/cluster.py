@@ -8,15 +8,18 @@ simulator.  Every link is directional (full duplex = two links).
 Units: bandwidths in the YAML are ``bw_GBps`` (gigabytes per second) or ``bw_gbps``
 (gigabits per second, the network convention), per direction (``link_GBps``: one NVLink
 brick); latencies ``lat_us``; device peaks ``peak_tflops`` per math mode (``float32`` on CUDA
-cores; ``tf32``, ``float16``, ``bfloat16`` on tensor cores, dense); memory ``mem_GiB`` and
+cores; ``tf32``, ``float16``, ``bfloat16``, ``float8`` (FP8, E4M3 or E5M2: the same rate) on
+tensor cores, dense); memory ``mem_GiB`` and
 ``mem_bw_GBps``.  In Python everything is SI: bytes, seconds, FLOP/s, bytes/s.
 
 Every figure is checked where it is read, and a bad one is a :class:`ClusterError` naming its
 key as the user types it (``cluster.intra.bw_GBps must be > 0, got -5``): bandwidths, peaks
 and memory finite, > 0 and in a plausible range (:data:`harness.core.topology.RANGES`: a
 subnormal bandwidth would make every transfer take forever), latencies finite and >= 0,
-``gpus``, ``nodes`` and other counts integers >= 1, and no more devices than the simulator's
-D x D route tables hold (:data:`MAX_ROUTE_BYTES`).  A key that a block does not take is refused
+``gpus``, ``nodes`` and other counts integers >= 1, and at most :data:`MAX_DEVICES` devices.  The
+links and the D x D route tables are built on first use (:class:`harness.core.wiring.Wiring`):
+an operator- or layer-graph simulation needs the tables and is refused beyond
+:data:`MAX_ROUTE_BYTES` (about 2,500 devices); the stack simulator never asks.  A key that a block does not take is refused
 with the nearest one it does ("did you mean cluster.intra.bw_GBps?"), at every level: the
 cluster, its device, ``intra`` by topology, ``inter``, ``host_link``, ``collective``,
 ``host_comm``.  The checks of :mod:`harness.core.checks` take the error class to raise, so the
@@ -26,15 +29,16 @@ cost models and graph sources use them for their own keys.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.checks import did_you_mean, integer, positive_int
+from harness.core.checks import did_you_mean, positive_int
 from harness.core.errors import ClusterError
-from harness.core.topology import LINK_KEYS, Link, LinkBuilder, block, figure, intra_routes, link_bandwidth, link_latency
+from harness.core.topology import Link, block, figure
+from harness.core.wiring import NicSpec, Wiring, host_wiring, nic_spec
 
 GIB = 2**30
 
@@ -62,52 +66,141 @@ class Device:
     host: int
 
 
-@dataclass(eq=False)
 class Cluster:
-    """Devices, links and routes.  ``routes[i][j]`` is the tuple of link ids from i to j."""
+    """Devices, links and routes.  ``routes[i][j]`` is the tuple of link ids from i to j.
 
-    name: str
-    devices: list[Device]
-    links: list[Link]
-    routes: list[list[tuple[int, ...]]]
-    meta: dict[str, Any] = field(default_factory=dict)
+    A cluster from :func:`build_cluster` carries its :class:`~harness.core.wiring.Wiring`: any
+    link (:meth:`link`) and any route (:meth:`route`) is answered on demand, the link list on
+    first use of :attr:`links`, and the D x D tables (:attr:`routes`, :attr:`route_bw`,
+    :attr:`route_lat`, :attr:`route_links`, :attr:`route_len`) on first use of any of them, once
+    :func:`check_route_tables` allows their size.  So a 16,384-GPU cluster builds in milliseconds
+    for the stack simulator, which never asks for them, while an operator- or layer-graph plan on
+    it is refused in one line naming the device count.  A cluster given its ``links`` and
+    ``routes`` (a hand-made one, :meth:`subset`) is checked at once.
+    """
 
-    def __post_init__(self) -> None:
-        d = len(self.devices)
+    def __init__(self, name: str, devices: list[Device], links: list[Link] | None = None,
+                 routes: list[list[tuple[int, ...]]] | None = None, meta: dict[str, Any] | None = None,
+                 wiring: Wiring | None = None) -> None:
+        self.name, self.devices = name, devices
+        self.meta: dict[str, Any] = meta if meta is not None else {}
+        self.wiring = wiring
+        self._links = list(links) if links is not None else None
+        self._routes = routes
+        self._tables: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        d = len(devices)
         if d == 0:
-            raise ClusterError(f"cluster {self.name!r} has no devices")
-        if len(self.routes) != d or any(len(r) != d for r in self.routes):
+            raise ClusterError(f"cluster {name!r} has no devices")
+        if wiring is None:
+            if links is None or routes is None:
+                raise ClusterError(f"cluster {name!r} needs its links and routes (or a wiring)")
+            self._check_routes()
+
+    def _check_routes(self) -> None:
+        """Every route of a hand-made cluster names known links, and every pair has one."""
+        d, nl, routes = self.num_devices, self.num_links, self._routes
+        assert routes is not None
+        if len(routes) != d or any(len(r) != d for r in routes):
             raise ClusterError(f"cluster {self.name!r}: routes must be a {d}x{d} table")
-        nl = len(self.links)
         for i in range(d):
             for j in range(d):
-                r = self.routes[i][j]
+                r = routes[i][j]
                 if i != j and not r:
                     raise ClusterError(f"cluster {self.name!r}: no route from device {i} to device {j}")
                 for l in r:
                     if not 0 <= l < nl:
                         raise ClusterError(f"cluster {self.name!r}: route {i}->{j} uses unknown link {l}")
-        self.route_bw = np.full((d, d), np.inf)
-        self.route_lat = np.zeros((d, d))
-        for i in range(d):
-            for j in range(d):
-                if i != j:
-                    self.route_bw[i, j] = min(self.links[l].bw for l in self.routes[i][j])
-                    self.route_lat[i, j] = sum(self.links[l].lat for l in self.routes[i][j])
-        self.link_classes: list[str] = sorted({l.cls for l in self.links})
-        width = max((len(r) for row in self.routes for r in row), default=0)
-        #: routes as a padded array [D, D, width] of link ids (-1 = none) and their lengths
-        self.route_links = np.full((d, d, width), -1, dtype=np.int64)
-        self.route_len = np.zeros((d, d), dtype=np.int64)
-        for i in range(d):
-            for j in range(d):
-                r = self.routes[i][j]
-                self.route_links[i, j, : len(r)] = r
-                self.route_len[i, j] = len(r)
 
     @property
     def num_devices(self) -> int:
         return len(self.devices)
+
+    @property
+    def num_links(self) -> int:
+        """How many links (without listing them)."""
+        if self._links is not None:
+            return len(self._links)
+        assert self.wiring is not None
+        return self.wiring.num_links
+
+    @property
+    def links(self) -> list[Link]:
+        """Every link by id (built on first use: O(devices))."""
+        if self._links is None:
+            assert self.wiring is not None
+            self._links = self.wiring.links()
+        return self._links
+
+    def link(self, lid: int) -> Link:
+        """Link ``lid``, without building the list."""
+        if self._links is not None:
+            return self._links[lid]
+        assert self.wiring is not None
+        return self.wiring.link(lid)
+
+    def route(self, i: int, j: int) -> tuple[int, ...]:
+        """The link ids from device ``i`` to ``j``, without building the tables."""
+        if self._routes is not None:
+            return self._routes[i][j]
+        assert self.wiring is not None
+        return self.wiring.route(i, j)
+
+    @property
+    def link_classes(self) -> list[str]:
+        """The link classes present, sorted."""
+        if self._links is None and self.wiring is not None:
+            return self.wiring.link_classes()
+        return sorted({l.cls for l in self.links})
+
+    @property
+    def routes(self) -> list[list[tuple[int, ...]]]:
+        """The D x D table of routes (built on first use; refused beyond :data:`MAX_ROUTE_BYTES`)."""
+        if self._routes is None:
+            assert self.wiring is not None
+            d = self.num_devices
+            check_route_tables(d)
+            w = self.wiring
+            self._routes = [[w.route(i, j) for j in range(d)] for i in range(d)]
+        return self._routes
+
+    def _route_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(bottleneck bandwidth, latency, padded link ids, route length) of every pair."""
+        if self._tables is None:
+            d, routes, links = self.num_devices, self.routes, self.links
+            bw, lat = np.full((d, d), np.inf), np.zeros((d, d))
+            width = max((len(r) for row in routes for r in row), default=0)
+            ids = np.full((d, d, width), -1, dtype=np.int64)
+            length = np.zeros((d, d), dtype=np.int64)
+            for i in range(d):
+                for j in range(d):
+                    r = routes[i][j]
+                    if i != j:
+                        bw[i, j] = min(links[l].bw for l in r)
+                        lat[i, j] = sum(links[l].lat for l in r)
+                    ids[i, j, : len(r)] = r
+                    length[i, j] = len(r)
+            self._tables = (bw, lat, ids, length)
+        return self._tables
+
+    @property
+    def route_bw(self) -> np.ndarray:
+        """[D, D] bottleneck bandwidth of each route (bytes/s; inf on the diagonal)."""
+        return self._route_tables()[0]
+
+    @property
+    def route_lat(self) -> np.ndarray:
+        """[D, D] latency of each route (s), the sum of its links'."""
+        return self._route_tables()[1]
+
+    @property
+    def route_links(self) -> np.ndarray:
+        """[D, D, width] link ids of each route, padded with -1."""
+        return self._route_tables()[2]
+
+    @property
+    def route_len(self) -> np.ndarray:
+        """[D, D] number of links of each route."""
+        return self._route_tables()[3]
 
     @property
     def mem_capacity(self) -> np.ndarray:
@@ -117,16 +210,17 @@ class Cluster:
         """The first ``k`` devices with the links their routes use (OptCNN Fig. 7's 1..16 GPU points)."""
         if not 1 <= k <= self.num_devices:
             raise ClusterError(f"cluster {self.name!r} has {self.num_devices} devices; cannot take {k}")
-        used = sorted({l for i in range(k) for j in range(k) for l in self.routes[i][j]})
+        check_route_tables(k)
+        used = sorted({l for i in range(k) for j in range(k) for l in self.route(i, j)})
         remap = {old: new for new, old in enumerate(used)}
-        links = [Link(remap[l], self.links[l].name, self.links[l].cls, self.links[l].bw, self.links[l].lat) for l in used]
-        routes = [[tuple(remap[l] for l in self.routes[i][j]) for j in range(k)] for i in range(k)]
+        links = [Link(remap[l], self.link(l).name, self.link(l).cls, self.link(l).bw, self.link(l).lat) for l in used]
+        routes = [[tuple(remap[l] for l in self.route(i, j)) for j in range(k)] for i in range(k)]
         return Cluster(f"{self.name}[:{k}]", self.devices[:k], links, routes, dict(self.meta))
 
     def with_host_comm(self, host_comm: Mapping[str, Any]) -> "Cluster":
         """The same cluster with other ``host_comm`` figures (what a message costs a CPU rank's
         core, see :func:`simulators.taskgraph.build_taskgraph`); this one is left as it is."""
-        return Cluster(self.name, self.devices, self.links, self.routes, {**self.meta, "host_comm": dict(host_comm)})
+        return Cluster(self.name, self.devices, self._links, self._routes, {**self.meta, "host_comm": dict(host_comm)}, self.wiring)
 
     def ring_bandwidth(self, devices: Sequence[int]) -> float:
         """Per-GPU bandwidth (bytes/s, each direction) that a bandwidth-optimal ring all-reduce
@@ -143,7 +237,7 @@ class Cluster:
         rings at once.  Contention between the ring's own flows on shared links (a switch
         uplink, QPI) is not counted: a ring that visits the GPUs of each switch in turn
         crosses every shared link once per direction.  One device gives ``inf`` (nothing to
-        send).
+        send).  Routes are looked up pair by pair (:meth:`route`), never as tables.
         """
         group = [int(x) for x in devices]
         if len(set(group)) != len(group) or not all(0 <= x < self.num_devices for x in group):
@@ -159,8 +253,9 @@ class Cluster:
                 others = [y for y in xs if y != x]
                 if not others:
                     continue
-                direct = {self.routes[x][y][0] for y in others if self.route_len[x, y] == 1}
-                inject = sum(self.links[l].bw for l in direct) if direct else min(float(self.route_bw[x, y]) for y in others)
+                routes = [self.route(x, y) for y in others]
+                direct = {r[0] for r in routes if len(r) == 1}
+                inject = sum(self.link(l).bw for l in direct) if direct else min(min(self.link(l).bw for l in r) for r in routes)
                 bw = min(bw, inject)
         if len(per_host) > 1:
             if "nic_of" not in self.meta:
@@ -174,7 +269,7 @@ class Cluster:
         hosts = len({d.host for d in self.devices})
         text = (
             f"{self.name}: {self.num_devices} x {spec.kind} on {hosts} host(s), "
-            f"{len(self.links)} links ({', '.join(self.link_classes) or 'none'})"
+            f"{self.num_links} links ({', '.join(self.link_classes) or 'none'})"
         )
         if self.num_devices > 1 and (hosts == 1 or "nic_of" in self.meta):
             text += f", ring all-reduce {self.ring_bandwidth(range(self.num_devices)) / 1e9:.1f} GB/s per GPU"
@@ -184,18 +279,20 @@ class Cluster:
 # ---------------------------------------------------------------------------- builders
 #: the keys of a device spec (``conf/cluster/device/*.yaml``)
 DEVICE_KEYS: tuple[str, ...] = ("kind", "peak_tflops", "mem_bw_GBps", "mem_GiB")
-#: the math modes a device's ``peak_tflops`` may name (``float32`` is required)
-PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float64")
+#: the math modes a device's ``peak_tflops`` may name (``float32`` is required; ``float8``: the FP8
+#: tensor-core rate, E4M3 and E5M2 alike)
+PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float64", "float8")
 #: other words for a device key, for "did you mean"
 DEVICE_ALIASES: dict[str, str] = {"peak": "peak_tflops", "tflops": "peak_tflops", "memory": "mem_GiB", "mem": "mem_GiB",
                                   "mem_GB": "mem_GiB", "bandwidth": "mem_bw_GBps", "mem_bw": "mem_bw_GBps", "name": "kind"}
 #: the keys of a cluster config (``conf/cluster/*.yaml``, without ``_target_`` and ``defaults``)
 CLUSTER_KEYS: tuple[str, ...] = ("name", "device", "gpus", "nodes", "intra", "inter", "host_link", "collective", "host_comm")
-#: the keys of ``cluster.inter``, a host's NICs
-INTER_KEYS: tuple[str, ...] = (*LINK_KEYS, "nics_per_node")
-#: the most memory the route tables of a cluster may take (``routes`` and its arrays are D x D):
-#: about 2500 devices
+#: the most memory the route tables of a cluster may take (``routes`` and its arrays are D x D,
+#: built only when an operator- or layer-graph simulation asks for them): about 2500 devices
 MAX_ROUTE_BYTES = 2**30
+#: the most devices a cluster may have (its device list, a few hundred bytes each; the stack
+#: simulator needs nothing per pair): 2^17, eight times the 16,384 GPUs of Llama 3 405B's run
+MAX_DEVICES = 2**17
 #: what one pair of devices costs the route tables: a tuple of link ids (~100 bytes with its
 #: list slot), bandwidth and latency (16), a padded row of up to 6 link ids (48) and its length (8)
 ROUTE_PAIR_BYTES = 172
@@ -250,6 +347,10 @@ def build_cluster(
     (``nics_per_node``: k NICs, GPU g of a host using NIC g * k // gpus; 1 by default);
     ``host_link`` the path from a GPU to its NIC (PCIe by default).  A route between hosts is
     GPU -> its NIC (host_link) -> NIC egress -> NIC ingress of the destination GPU's NIC -> GPU.
+    ``inter`` also says the network's shape, which the collective model of
+    :mod:`harness.core.fabric` reads (the routes do not): ``rail_optimized`` (GPU g of every node
+    on rail g, false by default), ``pod_nodes`` (nodes per full-bisection pod, 0 = one pod) and
+    ``pod_oversubscription`` (x >= 1: the bandwidth between pods is 1/x of the NICs').
     Two more keys land in ``Cluster.meta`` (:data:`META_KEYS`): ``collective: {lat_us, bw_GBps}``
     (measured all-reduce figures, e.g. by ``python -m harness.calibrate``) replaces the links'
     in the cost model's ring all-reduce; ``host_comm`` (:data:`HOST_COMM_KEYS`) is what a
@@ -258,46 +359,22 @@ def build_cluster(
     """
 
     gpus, nodes = positive_int(gpus, "cluster.gpus", ClusterError), positive_int(nodes, "cluster.nodes", ClusterError)
-    _check_size(gpus * nodes)
+    _check_size(gpus, nodes)
     _check_meta(meta)
     spec = device_spec(device)
     intra = intra if intra is not None else {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0}
-    b = LinkBuilder()
-    devices = [Device(h * gpus + g, f"n{h}/gpu{g}", spec, h) for h in range(nodes) for g in range(gpus)]
-    d = len(devices)
-    routes: list[list[tuple[int, ...]]] = [[() for _ in range(d)] for _ in range(d)]
-    for h in range(nodes):
-        ids = list(range(h * gpus, (h + 1) * gpus))
-        prefix = f"n{h}/" if nodes > 1 else ""
-        for (i, j), links in intra_routes(b, prefix, ids, intra).items():
-            routes[i][j] = links
+    host = host_wiring(gpus, nodes, intra)
     nic_meta: dict[str, Any] = {}
+    nic: NicSpec | None = None
     if nodes > 1:
         if inter is None:
             raise ClusterError(f"cluster {name!r} has {nodes} nodes but no inter-node link (inter:)")
-        inter = block(inter, "cluster.inter", INTER_KEYS)
-        nic_bw = link_bandwidth(inter, "cluster.inter")
-        nic_lat = link_latency(inter, 2.0, "cluster.inter")
-        icls = str(inter.get("cls", "ib"))
-        nics = integer(inter.get("nics_per_node", 1), "cluster.inter.nics_per_node", ClusterError)
-        if not 1 <= nics <= gpus:
-            raise ClusterError(f"cluster.inter.nics_per_node: {nics} must be between 1 and gpus ({gpus})")
-        nic_of = [(dev.id % gpus) * nics // gpus for dev in devices]
-        nic = [f"nic{m}" if nics > 1 else "nic" for m in range(nics)]
-        hl = block(host_link if host_link is not None else {"cls": "pcie", "bw_GBps": 16.0, "lat_us": 1.0}, "cluster.host_link", LINK_KEYS)
-        hbw = link_bandwidth(hl, "cluster.host_link")
-        hlat = link_latency(hl, 1.0, "cluster.host_link")
-        hcls = str(hl.get("cls", "pcie"))
-        to_nic = [b.link(f"{dev.name}->{nic[nic_of[dev.id]]}", hcls, hbw, hlat / 2) for dev in devices]
-        from_nic = [b.link(f"{nic[nic_of[dev.id]]}->{dev.name}", hcls, hbw, hlat / 2) for dev in devices]
-        nic_out = [[b.link(f"n{h}/{nic[m]}->net", icls, nic_bw, nic_lat / 2) for m in range(nics)] for h in range(nodes)]
-        nic_in = [[b.link(f"net->n{h}/{nic[m]}", icls, nic_bw, nic_lat / 2) for m in range(nics)] for h in range(nodes)]
-        for i, di in enumerate(devices):
-            for j, dj in enumerate(devices):
-                if di.host != dj.host:
-                    routes[i][j] = (to_nic[i], nic_out[di.host][nic_of[i]], nic_in[dj.host][nic_of[j]], from_nic[j])
-        nic_meta = {"nics_per_node": nics, "nic_bw": nic_bw, "nic_of": tuple(nic_of)}
-    return Cluster(name, devices, b.links, routes, {"gpus_per_node": gpus, "nodes": nodes, **nic_meta, **meta})
+        nic, nic_meta = nic_spec(inter, host_link, gpus, nodes)
+    wiring = Wiring(gpus, nodes, host, nic)
+    devices = [Device(h * gpus + g, f"n{h}/gpu{g}", spec, h) for h in range(nodes) for g in range(gpus)]
+    if nic is not None:
+        nic_meta["nic_of"] = tuple(wiring.nic_of(dev.id) for dev in devices)
+    return Cluster(name, devices, meta={"gpus_per_node": gpus, "nodes": nodes, **nic_meta, **meta}, wiring=wiring)
 
 
 #: the keys of ``cluster.collective`` (a measured all-reduce) and their rule (a unit of
@@ -313,15 +390,34 @@ HOST_COMM_KEYS: dict[str, str] = {
 META_KEYS: tuple[str, ...] = ("collective", "host_comm")
 
 
-def _check_size(devices: int) -> None:
-    """Refuse a cluster whose D x D route tables would take more than :data:`MAX_ROUTE_BYTES`,
-    before they are allocated."""
+def _check_size(gpus: int, nodes: int) -> None:
+    """Refuse, before anything is allocated, a cluster of more than :data:`MAX_DEVICES` devices,
+    and a host whose own routes (gpus x gpus, built with the cluster) would pass the route budget."""
+    devices = gpus * nodes
+    if devices > MAX_DEVICES:
+        raise ClusterError(f"cluster.gpus x cluster.nodes = {devices} devices is more than the simulator represents "
+                           f"(at most {MAX_DEVICES} devices); take fewer gpus or nodes")
+    if gpus * gpus * ROUTE_PAIR_BYTES > MAX_ROUTE_BYTES:
+        raise ClusterError(f"cluster.gpus = {gpus} devices per node is more than the simulator represents: the routes "
+                           f"inside a node are a {gpus} x {gpus} table (the limit is {max_route_devices()} devices per "
+                           f"node); take fewer gpus and more nodes")
+
+
+def max_route_devices() -> int:
+    """The most devices whose D x D route tables fit :data:`MAX_ROUTE_BYTES`."""
+    return int(math.isqrt(MAX_ROUTE_BYTES // ROUTE_PAIR_BYTES))
+
+
+def check_route_tables(devices: int) -> None:
+    """Refuse to build the D x D route tables of ``devices`` devices when they would take more
+    than :data:`MAX_ROUTE_BYTES`: an operator- or layer-graph simulation needs them, the stack
+    simulator does not (one line naming the device count and both ways out)."""
     need = devices * devices * ROUTE_PAIR_BYTES
     if need > MAX_ROUTE_BYTES:
-        most = int(math.isqrt(MAX_ROUTE_BYTES // ROUTE_PAIR_BYTES))
-        raise ClusterError(f"cluster.gpus x cluster.nodes = {devices} devices is more than the simulator represents: its "
-                           f"routes are a {devices} x {devices} table (about {need / 2**30:.3g} GiB, the limit is "
-                           f"{MAX_ROUTE_BYTES / 2**30:g} GiB, {most} devices); take fewer gpus or nodes")
+        raise ClusterError(f"cluster.gpus x cluster.nodes = {devices} devices is more than an operator or layer graph's "
+                           f"simulation represents: its routes are a {devices} x {devices} table (about {need / 2**30:.3g} "
+                           f"GiB, the limit is {MAX_ROUTE_BYTES / 2**30:g} GiB, {max_route_devices()} devices); take fewer "
+                           f"gpus or nodes, or plan with a stack algorithm (algo=megatron, algo=fsdp), which needs no routes")
 
 
 def _check_meta(meta: Mapping[str, Any]) -> None:

@@ -11,13 +11,18 @@ behind the same interface.
   (B, alpha: the slowest hop of the ring, or a cluster's measured ``collective: {lat_us, bw_GBps}``
   when it has one, as cpu2 from ``python -m harness.calibrate``), or a parameter server on the group's first
   device: ``2 * ((p-1) * bytes / B_ps + alpha)`` (OptCNN's t_S).
+* kernels (:meth:`AnalyticalCostModel.kernel_times`, a transformer block's kernels written by
+  :mod:`harness.core.llm.work`): the same roofline per kernel row, at the row's own math peak
+  (:func:`math_peak`), FLOPs and bytes from :class:`harness.core.kernels.KernelTable`, GEMMs at
+  the ``gemm`` efficiency, convolution passes at ``conv``, fused attention at ``attention``,
+  memory-bound rows at the memory bandwidth, plus the launch overhead per row.
 * layer shards (:meth:`AnalyticalCostModel.layer_times`, the layer graph's OptCNN t_C split
   into forward and backward): the same roofline on a layer's ``flops_fwd`` / ``flops_bwd`` and
   its memory traffic (``io_bytes`` forward, twice that backward), scaled by the shard's
   fraction of the iteration domain; inputs and views cost nothing.
 
 The figures are checked when a model is built (:func:`check_roofline`): efficiencies in
-(0, 1] by op class (``conv``, ``gemm``, ``other``), ``mem_efficiency`` in (0, 1],
+(0, 1] by op class (``conv``, ``gemm``, ``attention``, ``other``), ``mem_efficiency`` in (0, 1],
 ``launch_us`` >= 0, ``sync`` ring or ps; a bad one is a :class:`CostModelError` naming its key
 (``costs.efficiency.gemm must be in (0, 1], got 1.5``).
 
@@ -44,6 +49,7 @@ from harness.core.cluster import Cluster, DeviceSpec
 from harness.core.checks import non_negative_number, unit_fraction
 from harness.core.errors import UserError
 from harness.core.graph import UPDATE, OpGraph
+from harness.core.kernels import ATTN, CONV_KINDS, GEMM, MEM, KernelTable
 
 if TYPE_CHECKING:
     from harness.core.layergraph import LayerGraph
@@ -68,8 +74,10 @@ class CostModelError(UserError, ValueError):
     """A cost-model figure is out of range or a key is unknown; the message names the key."""
 
 
-#: the roofline's op classes and their default efficiencies (``costs.efficiency``)
-DEFAULT_EFFICIENCY: dict[str, float] = {"conv": 0.5, "gemm": 0.7, "other": 1.0}
+#: the roofline's op classes and their default efficiencies (``costs.efficiency``); ``attention``
+#: is a fused attention kernel's (FlashAttention-2, Dao 2023: 50-73 % of an A100's peak forward,
+#: less backward; 0.6 is inside that range, an assumption like the others, not a fit)
+DEFAULT_EFFICIENCY: dict[str, float] = {"conv": 0.5, "gemm": 0.7, "attention": 0.6, "other": 1.0}
 
 
 def _efficiency_table(efficiency: Mapping[str, Any] | None, key: str) -> dict[str, float]:
@@ -210,6 +218,12 @@ class CostModel(Protocol):
         one value per entry)."""
         ...
 
+    def kernel_times(self, kernels: KernelTable, device: int, num_nodes: int = 1) -> np.ndarray:
+        """Seconds of each node ``0..num_nodes-1`` of a kernel table on ``device``: the sum of its
+        rows' times, each row the whole kernel as its dims say (a transformer block's kernels on
+        one GPU, :func:`harness.core.llm.work.unit_work`)."""
+        ...
+
 
 class AnalyticalCostModel:
     """Roofline costs from the cluster's datasheet figures (the default ``costs=analytical``)."""
@@ -291,6 +305,23 @@ class AnalyticalCostModel:
     # -- memory
     def memory(self, graph: OpGraph) -> np.ndarray:
         return node_memory(graph)
+
+    # -- kernel tables (a transformer block's kernels)
+    def kernel_row_times(self, kernels: KernelTable, device: int) -> np.ndarray:
+        """Roofline seconds of each row of ``kernels`` on ``device`` (see the module docstring)."""
+        spec = self.cluster.devices[device].spec
+        kind = kernels.kind
+        peaks = np.array([math_peak(spec, m) for m in range(len(MATH_PEAK_KEYS))])[kernels.math.astype(np.int64)]
+        eff = np.select([kind == GEMM, np.isin(kind, CONV_KINDS), kind == ATTN],
+                        [self.efficiency["gemm"], self.efficiency["conv"], self.efficiency["attention"]], self.efficiency["other"])
+        t_flop = kernels.flops() / (peaks * eff)
+        t_mem = kernels.nbytes() / (spec.mem_bw * self.mem_efficiency)
+        return np.where(kind == MEM, t_mem, np.maximum(t_flop, t_mem)) + self.launch
+
+    def kernel_times(self, kernels: KernelTable, device: int, num_nodes: int = 1) -> np.ndarray:
+        if not len(kernels):
+            return np.zeros(num_nodes)
+        return np.bincount(kernels.node, weights=self.kernel_row_times(kernels, device), minlength=num_nodes)
 
     # -- layer graph shards (OptCNN t_C)
     def _layer_parts(self, lgraph: "LayerGraph", device: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

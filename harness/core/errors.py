@@ -36,3 +36,9 @@ class ConfigError(UserError, ValueError):
 class OutputError(UserError):
     """An output cannot be written where it was asked for (a read-only folder, a file in the
     place of a directory); the message names the path and the option that chose it."""
+
+
+class ModelConfigError(UserError, ValueError):
+    """A model config key is unknown or its value out of range; the message names the key
+    (defined here so that every graph source, :mod:`harness.core.models` and :mod:`harness.core.llm`
+    alike, raises the same class; :mod:`harness.core.models` re-exports it)."""

@@ -51,6 +51,8 @@ from harness.core.capture import CaptureError
 from harness.core.checks import did_you_mean, positive_int
 from harness.core.errors import UserError
 from harness.core.layergraph import LayerGraphError
+from harness.core.llm.hf_spec import spec_from_hf
+from harness.core.llm.stack import StackGraph, transformer_stack
 from harness.core.models import ModelConfigError, TorchModel
 
 #: the tasks ``model.task`` takes: the Auto class that builds the model and what its forward returns
@@ -497,6 +499,13 @@ class HFModel(TorchModel):
             if e.__cause__ is None:  # a capture option refused before anything was traced
                 raise
             raise trace_failure(self.name, self.arch, self.config, e) from e
+
+    def stack_graph(self, precision: str = "fp32", cache: bool = True) -> StackGraph:
+        """The decoder LM (Llama, Mistral, Qwen2, GPT-2, Mixtral) as a transformer described by its
+        shape (:func:`harness.core.llm.hf_spec.spec_from_hf`): embedding, blocks and head, nothing
+        traced; another architecture is one line naming those supported."""
+        spec = spec_from_hf(self.arch, self.config, self.seq_len, self.name)
+        return transformer_stack(spec, self.batch_size, precision, self.name, meta={"arch": self.arch, "params": spec.param_count()})
 
     def layer_graph(self, *args: Any, **kwargs: Any) -> Any:
         """:meth:`TorchModel.layer_graph`, a trace failure reported with the usual fixes (:func:`trace_failure`)."""

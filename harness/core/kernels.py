@@ -6,8 +6,9 @@ node holds its members' kernels).  Free nodes (views) launch none.  A row is
 
 * ``kind``: :data:`GEMM` (``dims`` = batch, m, n, k: ``batch`` products of (m x k)(k x n)),
   :data:`CONV_FWD`, :data:`CONV_BWD_DATA`, :data:`CONV_BWD_FILTER` (``dims`` = the forward
-  convolution's geometry :data:`CONV_COLS`, the same for its three passes), or :data:`MEM`
-  (a memory-bound kernel; ``dims[0]`` = bytes it reads and writes);
+  convolution's geometry :data:`CONV_COLS`, the same for its three passes), :data:`MEM`
+  (a memory-bound kernel; ``dims[0]`` = bytes it reads and writes), or :data:`ATTN` (a fused
+  attention kernel, FlashAttention's: ``dims`` = :data:`ATTN_COLS`);
 * ``bdim``: the column of ``dims`` that grows with the batch (-1: none), so that a shard
   doing a fraction of the batch runs the same kernel on a smaller problem;
 * ``math``: :data:`harness.core.precision.MATH` (the inputs' dtype and the allowed math mode);
@@ -15,7 +16,13 @@ node holds its members' kernels).  Free nodes (views) launch none.  A row is
 
 FLOPs and bytes follow from the dims (:meth:`KernelTable.flops`, :meth:`KernelTable.nbytes`):
 a GEMM does ``2*batch*m*n*k`` FLOPs, a convolution pass ``2*N*K*P*Q*(C/groups)*R*S`` (the
-direct-convolution count ``torch.utils.flop_counter`` uses).
+direct-convolution count ``torch.utils.flop_counter`` uses).  An attention kernel's forward
+does ``4*bh*s_q*s_kv*d`` (QK^T and PV, two FLOPs per multiply-add), half of it when causal
+(the masked blocks are skipped), and its backward 2.5 times the forward (five matmuls to the
+forward's two: FlashAttention-2, Dao 2023, Sec. 4's count); it reads Q, K, V and writes O
+(and the softmax statistics) once forward, and reads Q, K, V, O, dO and writes dQ, dK, dV once
+backward - the attention matrix never reaches memory.  A captured graph never has attention
+rows: :mod:`harness.core.llm.work` writes them for a transformer block.
 
 Memory-bound kernels that read their input in several passes are charged those passes
 (:data:`EXTRA_READS`): batch norm computes its statistics in one pass over the input and
@@ -34,14 +41,22 @@ import numpy as np
 
 from harness.core.errors import UserError
 
-KINDS: tuple[str, ...] = ("gemm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter", "mem")
-GEMM, CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER, MEM = range(len(KINDS))
+KINDS: tuple[str, ...] = ("gemm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter", "mem", "attn")
+GEMM, CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER, MEM, ATTN = range(len(KINDS))
 CONV_KINDS = (CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER)
 
 GEMM_COLS: tuple[str, ...] = ("batch", "m", "n", "k")
 CONV_COLS: tuple[str, ...] = ("N", "C", "H", "W", "K", "R", "S", "stride_h", "stride_w", "pad_h", "pad_w",
                               "dil_h", "dil_w", "groups")
+#: an attention row: batch x local query heads, query and key lengths, head size, causal (0/1),
+#: phase (0 forward, 1 backward), query heads per key/value head (grouped-query attention; 0 as 1)
+ATTN_COLS: tuple[str, ...] = ("bh", "s_q", "s_kv", "head_dim", "causal", "phase", "group")
 NCOLS = len(CONV_COLS)
+#: the FLOPs of an attention backward over its forward (FlashAttention-2: 5 matmuls against 2)
+ATTN_BWD_FACTOR = 2.5
+#: bytes per element of a kernel's inputs by math mode (:data:`harness.core.precision.MATH`:
+#: fp32, tf32, fp16, bf16, fp64, int)
+MATH_BYTES: tuple[int, ...] = (4, 4, 2, 2, 8, 4)
 
 #: memory-bound ops that read their first ``k`` tensor inputs once more than a single pass does
 EXTRA_READS: dict[str, int] = {
@@ -119,12 +134,34 @@ class KernelTable:
         return np.maximum(p, 1), np.maximum(q, 1)
 
     def flops(self, dims: np.ndarray | None = None) -> np.ndarray:
-        """FLOPs per row (0 for memory-bound rows)."""
+        """FLOPs per row (0 for memory-bound rows; attention rows as the module docstring says)."""
         d = (self.dims if dims is None else dims).astype(np.float64)
         p, q = self.conv_out(dims)
         gemm = 2.0 * d[:, 0] * d[:, 1] * d[:, 2] * d[:, 3]
         conv = 2.0 * d[:, 0] * d[:, 4] * p * q * (d[:, 1] / np.maximum(d[:, 13], 1)) * d[:, 5] * d[:, 6]
-        return np.where(self.kind == GEMM, gemm, np.where(np.isin(self.kind, CONV_KINDS), conv, 0.0))
+        attn = 4.0 * d[:, 0] * d[:, 1] * d[:, 2] * d[:, 3] * np.where(d[:, 4] > 0, 0.5, 1.0) \
+            * np.where(d[:, 5] > 0, ATTN_BWD_FACTOR, 1.0)
+        return np.where(self.kind == GEMM, gemm, np.where(np.isin(self.kind, CONV_KINDS), conv,
+                                                          np.where(self.kind == ATTN, attn, 0.0)))
+
+    def nbytes(self, dims: np.ndarray | None = None) -> np.ndarray:
+        """Bytes each row reads and writes once: a memory-bound row its ``dims[0]``; a GEMM its
+        three matrices, a convolution pass its input, filter and output, an attention row its
+        Q, K, V, O (and dO, dQ, dK, dV backward) plus the FP32 softmax statistics, at the
+        element size of the row's math mode (:data:`MATH_BYTES`)."""
+        d = (self.dims if dims is None else dims).astype(np.float64)
+        el = np.asarray(MATH_BYTES, dtype=np.float64)[self.math.astype(np.int64)]
+        p, q = self.conv_out(dims)
+        gemm = d[:, 0] * (d[:, 1] * d[:, 3] + d[:, 3] * d[:, 2] + d[:, 1] * d[:, 2])
+        conv = d[:, 0] * d[:, 1] * d[:, 2] * d[:, 3] + d[:, 4] * d[:, 1] / np.maximum(d[:, 13], 1) * d[:, 5] * d[:, 6] \
+            + d[:, 0] * d[:, 4] * p * q
+        q_o = d[:, 0] * d[:, 1] * d[:, 3]                          # Q (or O): bh x s_q x d
+        k_v = d[:, 0] / np.maximum(d[:, 6], 1) * d[:, 2] * d[:, 3]  # K (or V): the key/value heads only
+        passes = np.where(d[:, 5] > 0, 2.0, 1.0)                   # backward: the tensors and their gradients
+        attn = passes * 2.0 * (q_o + k_v)
+        stats = 4.0 * d[:, 0] * d[:, 1]                            # the log-sum-exp per query row, FP32
+        out = np.where(self.kind == GEMM, gemm, np.where(np.isin(self.kind, CONV_KINDS), conv, attn)) * el
+        return np.where(self.kind == MEM, d[:, 0], np.where(self.kind == ATTN, out + stats, out))
 
     def with_fraction(self, fraction: float | np.ndarray) -> np.ndarray:
         """``dims`` with each row's batch column scaled by ``fraction`` (rounded up, at least 1; a

@@ -48,11 +48,12 @@ import numpy as np
 from harness.core.capture import CaptureError, TensorSpec, capture
 from harness.core.graph_rewrites import colocate_gradients
 from harness.core.checks import integer, non_negative_number, positive_int, positive_number
-from harness.core.errors import UserError
+from harness.core.errors import ModelConfigError, UserError
 from harness.core.graph_cache import cached, source_file_digest
 from harness.core.graph import BATCHED, FORWARD, GRAPH_FORMAT, PARTIAL, GraphError, OpGraph, read_json_object
 from harness.core.graph_file import MAX_SIZE
 from harness.core.layergraph import LAYERGRAPH_FORMAT, LayerGraph
+from harness.core.llm.stack import StackGraph, layer_stack
 
 _CACHE: dict[str, OpGraph] = {}
 _LAYER_CACHE: dict[str, Any] = {}
@@ -67,10 +68,6 @@ def _plain(x: Any) -> Any:
     except ImportError:  # pragma: no cover - omegaconf ships with hydra
         pass
     return x
-
-
-class ModelConfigError(UserError, ValueError):
-    """A model config key is unknown or its value out of range; the message names the key."""
 
 
 #: keys under ``model.module`` that Hydra's ``instantiate`` reads itself
@@ -259,6 +256,15 @@ class TorchModel:
         else:
             self.graph_source = "memory"
         return _LAYER_CACHE[key]
+
+    def stack_graph(self, precision: str = "fp32", cache: bool = True) -> StackGraph:
+        """The model as a chain of pipeline units cut from its layer graph
+        (:func:`harness.core.llm.stack.layer_stack`: one unit per GEMM-like layer with the cheap
+        layers after it), so that the pipeline schedules run on it (GPipe on ResNet).  Under AMP
+        the layer graph is built in the autocast dtype (``amp_bf16`` as ``bf16``): a layer graph
+        has one dtype per layer, and the stack planners account for the FP32 master weights."""
+        layer_precision = {"amp_fp16": "fp16", "amp_bf16": "bf16"}.get(precision, precision)
+        return layer_stack(self.layer_graph(precision=layer_precision, cache=cache), self.name, self.batch_size, precision)
 
 
 def _fixed_precision(name: str, precision: str, why: str) -> None:

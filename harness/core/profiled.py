@@ -53,6 +53,7 @@ from harness.core.costs import AnalyticalCostModel, CostModelError, check_roofli
 from harness.core.fingerprint import graph_fingerprint, node_keys
 from harness.core.errors import ProfileError
 from harness.core.graph import OpGraph
+from harness.core.kernels import KernelTable
 
 #: where operator profiles live: ``results/profiles/<device slug>/`` (written by ``python -m harness.profile``)
 PROFILE_ROOT = Path(__file__).resolve().parents[2] / "results" / "profiles"
@@ -335,6 +336,10 @@ class ProfiledCostModel:
 
     def memory(self, graph: OpGraph) -> np.ndarray:
         return self.analytical.memory(graph)
+
+    def kernel_times(self, kernels: KernelTable, device: int, num_nodes: int = 1) -> np.ndarray:
+        """A kernel table (a transformer block's, never profiled per operator) is the analytical model's."""
+        return self.analytical.kernel_times(kernels, device, num_nodes)
 
     def __getattr__(self, name: str) -> Any:
         # anything else the analytical model offers (e.g. layer-graph costs) comes from it

@@ -10,6 +10,9 @@ down once.
   FlexFlow searches plan on one).
 * :class:`TorchSource`: a PyTorch model that can be built, so that it can be profiled and run
   for real (``build``, ``inputs``, ``target``, ``loss``).
+* :class:`StackSource`: a source that gives a stack graph (a chain of pipeline units: a
+  transformer by its shape, ``model=llm``; a zoo model's layers), which the stack algorithms
+  (``algo=megatron``, ``fsdp``) plan on.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from harness.core.graph import OpGraph
     from harness.core.layergraph import LayerGraph
+    from harness.core.llm.stack import StackGraph
 
 
 @runtime_checkable
@@ -54,4 +58,13 @@ class TorchSource(GraphSource, Protocol):
 
     def build(self) -> Any:
         """A fresh ``nn.Module`` of the model, on the CPU."""
+        ...
+
+
+@runtime_checkable
+class StackSource(GraphSource, Protocol):
+    """A source that gives a stack graph (:class:`harness.core.llm.stack.StackGraph`)."""
+
+    def stack_graph(self, precision: str = "fp32") -> StackGraph:
+        """The model as an ordered chain of pipeline-partitionable units at ``precision``."""
         ...

@@ -43,8 +43,13 @@ class StrategyError(UserError, ValueError):
 
 def graph_identity(graph: Any) -> dict[str, Any]:
     """What strategy.json records of the graph a strategy was planned for (its ``graph`` key):
-    the kind (``op`` or ``layer``), node and edge counts, the model and, for an operator graph,
-    :func:`harness.core.fingerprint.graph_fingerprint` (batch-independent: structure and sizes)."""
+    the kind (``op``, ``layer`` or ``stack``), node and edge counts, the model and, for an
+    operator graph, :func:`harness.core.fingerprint.graph_fingerprint` (batch-independent:
+    structure and sizes); for a stack graph its units (a chain: ``units - 1`` edges) and
+    ``StackGraph.fingerprint`` (the units, shape, sequence and precision; the batch aside)."""
+    if type(graph).__name__ == "StackGraph":
+        return {"kind": "stack", "nodes": int(graph.num_nodes), "edges": max(int(graph.num_nodes) - 1, 0),
+                "model": (graph.meta or {}).get("model") or graph.name, "fingerprint": graph.fingerprint()}
     kind = "layer" if type(graph).__name__ == "LayerGraph" else "op"
     out: dict[str, Any] = {"kind": kind, "nodes": int(graph.num_nodes), "edges": int(graph.num_edges),
                            "model": (getattr(graph, "meta", None) or {}).get("model")}

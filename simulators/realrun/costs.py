@@ -11,6 +11,7 @@ import numpy as np
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.graph import OpGraph
+from harness.core.kernels import KernelTable
 from harness.core.strategy import Strategy
 from simulators.realrun.job import Job
 from simulators.simulate import simulate
@@ -62,6 +63,9 @@ class RunProfileCosts:
     def layer_times(self, lgraph: Any, device: int, fraction: float | np.ndarray = 1.0,
                     nodes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self.base.layer_times(lgraph, device, fraction, nodes)
+
+    def kernel_times(self, kernels: KernelTable, device: int, num_nodes: int = 1) -> np.ndarray:
+        return self.base.kernel_times(kernels, device, num_nodes)
 
     def report(self) -> dict[str, Any]:
         return {**self.base.report(), "compute": "profiled in situ between the measured steps"}

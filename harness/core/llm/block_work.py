@@ -1,0 +1,345 @@
+"""A transformer unit's work on one GPU (the Megatron-LM decomposition), for
+:func:`harness.core.llm.work.unit_work`.
+
+Sizes on one GPU for a micro-batch of ``b`` sequences of ``s`` tokens under a :class:`Shard`
+(``t`` = tp, ``c`` = cp): ``T = b * ceil(s/c)`` tokens go through the tensor-parallel GEMMs,
+``n = ceil(T/t)`` with sequence parallelism (else ``T``) through the norms, dropouts and
+residuals; ``ceil(heads/t)`` query heads, ``ceil(kv_heads/t)`` key/value heads (one, replicated,
+when ``t > kv_heads``, as Megatron-LM replicates them), ``ceil(ffn/t)`` MLP channels,
+``ceil(vocab/t)`` vocabulary rows (Megatron pads the vocabulary to a multiple of ``t``: the
+largest shard), ``ceil(experts/ep)`` experts.  Uneven splits cost their largest shard.
+
+Kernels (:class:`harness.core.kernels.KernelTable`, one node per phase), forward:
+
+* block: norm; QKV column-parallel GEMM; RoPE; the attention core, one fused ``ATTN`` kernel
+  (``flash``; causal, over ``s/c`` queries and all ``s`` keys: ring attention) or, ``eager``,
+  ``QK^T``, softmax (+ dropout), ``PV``; the row-parallel output projection; residual
+  (+ dropout); norm; the MLP column then row parallel (gated: gate and up in one GEMM) with its
+  activation, or a MoE layer: router GEMM and top-k, permutation, each local expert's GEMMs
+  over its share ``T * top_k / local experts`` of the routed tokens (balanced routing), the
+  shared experts as a dense MLP, un-permutation;
+* embedding: the vocabulary-parallel lookup (+ positions, + norm, + dropout);
+* head: final norm, the column-parallel logits GEMM and the vocabulary-parallel cross-entropy.
+
+Backward: each GEMM's input gradient (``bwd_input``) and weight gradient (``bwd_weight``, the
+zero-bubble schedules' W), the attention backward (2.5x its forward, input side), the
+memory-bound rows' gradients.  Recompute: selective re-runs the attention core forward, full the
+whole forward (collectives included).
+
+Collectives (Korthikanti Sec. 4): without sequence parallelism an all-reduce of ``T h`` after
+attention and after the MLP forward and one before each backward (4 per block); with it an
+all-gather before and a reduce-scatter after each, mirrored backward (8 of the same volume);
+a MoE layer adds its all-to-alls (dispatch and combine, forward and backward) over ``ep``, with
+a tensor-parallel all-gather / reduce-scatter of the routed tokens around the experts (Megatron's
+alltoall dispatcher); context parallelism passes K and V round the ring (``c - 1`` steps forward,
+``2(c - 1)`` backward: K, V and their gradients), hidden behind the attention (``overlapped``).
+
+Stored activations (bytes for one micro-batch) generalise Korthikanti Table 2 term by term: per
+block, ``A`` bytes per element and 1 per dropout mask, ``n h`` for each of the two norm inputs,
+the QKV and MLP inputs (and the dropout masks), ``T`` times the local Q, K, V, attention output
+and MLP activations, and the attention core's ``b (a/t) (s/c) s`` scores (``eager``: softmax
+output, dropout mask and output) or its FP32 softmax statistics (``flash``); with ``A`` = 2 and
+GPT's shape that is ``s b h (34 + 5 a s / h)`` without parallelism, ``s b h (10 + 24/t + 5 a s/(h t))``
+with TP, ``(s b h / t)(34 + 5 a s / h)`` with TP + SP, ``34 s b h / t`` with TP + SP + selective and
+``2 s b h`` (``/t`` with SP: the checkpoint is the SP-sharded input) with full recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+import numpy as np
+
+from harness.core.kernels import ATTN, GEMM, MEM, NCOLS, KernelTable
+from harness.core.llm.shard import CollectiveCall, Shard, UnitWork
+from harness.core.llm.spec import TransformerSpec
+from harness.core.precision import Precision, math_of
+
+#: bytes of a token id (int64) and of a dropout mask element
+ID_BYTES, MASK_BYTES = 8, 1
+
+
+@dataclass(frozen=True)
+class Local:
+    """A unit's sizes on one GPU (see the module docstring)."""
+
+    b: int          # sequences per micro-batch
+    s: int          # the whole sequence (keys of the attention)
+    sq: int         # tokens of the sequence on this GPU (ceil(s / cp))
+    T: int          # tokens through the tensor-parallel GEMMs
+    n: int          # tokens through the norms, dropouts and residuals
+    t: int
+    hl: int         # local query heads
+    kvl: int        # local key/value heads
+    d: int          # head size
+    ql: int         # local query width
+    kvdl: int       # local key/value width
+    fl: int         # local dense MLP channels
+    fel: int        # local channels of one expert
+    fsl: int        # local channels of one shared expert
+    le: int         # local experts
+    vl: int         # local vocabulary rows
+    A: int          # bytes per activation element
+    math: int       # the GEMMs' math mode
+
+
+def local_sizes(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard) -> Local:
+    """:class:`Local` of a shard (see the module docstring)."""
+    prec = Precision(precision)
+    dtype = prec.autocast_dtype or prec.param_dtype
+    t, s = shard.tp, int(seq_len)
+    sq = ceil(s / shard.cp)
+    T = shard.micro_batch * sq
+    hl = ceil(spec.heads / t)
+    kvl = ceil(spec.kv_heads / t) if spec.kv_heads >= t else 1
+    d = spec.head_size
+    return Local(b=shard.micro_batch, s=s, sq=sq, T=T, n=ceil(T / t) if shard.sp else T, t=t, hl=hl, kvl=kvl, d=d,
+                 ql=hl * d, kvdl=kvl * d, fl=ceil(spec.ffn_hidden / t),
+                 fel=ceil(spec.expert_ffn_hidden / t) if spec.is_moe else 0, fsl=ceil(spec.expert_ffn_hidden / t) if spec.is_moe else 0,
+                 le=ceil(spec.experts / shard.ep) if spec.is_moe else 0, vl=ceil(spec.vocab / t),
+                 A=2 if dtype in ("float16", "bfloat16") else 4, math=math_of(dtype, False, prec))
+
+
+class Phases:
+    """The kernel rows of a unit's forward, input-gradient, weight-gradient and recompute phases."""
+
+    def __init__(self, math: int) -> None:
+        self.math = math
+        self.rows: dict[str, list[tuple[int, tuple[int, ...], int]]] = {"fwd": [], "bwd_input": [], "bwd_weight": [], "recompute": []}
+
+    def add(self, phase: str, kind: int, dims: tuple[int, ...], bdim: int) -> None:
+        self.rows[phase].append((kind, tuple(int(x) for x in dims), bdim))
+
+    def linear(self, m: int, n: int, k: int, batch: int = 1) -> None:
+        """A weight GEMM ``(m x k)(k x n)``: forward, input gradient ``(m x n)(n x k)``, weight gradient ``(k x m)(m x n)``."""
+        self.add("fwd", GEMM, (batch, m, n, k), 1)
+        self.add("bwd_input", GEMM, (batch, m, k, n), 1)
+        self.add("bwd_weight", GEMM, (batch, k, n, m), 3)
+
+    def matmul(self, batch: int, m: int, n: int, k: int) -> None:
+        """An activation-activation matmul (eager attention): both gradients are input gradients."""
+        self.add("fwd", GEMM, (batch, m, n, k), 0)
+        self.add("bwd_input", GEMM, (batch, m, k, n), 0)
+        self.add("bwd_input", GEMM, (batch, k, n, m), 0)
+
+    def mem(self, fwd_bytes: float, bwd_bytes: float) -> None:
+        """A memory-bound kernel forward and its gradient (0 bytes: no kernel)."""
+        if fwd_bytes > 0:
+            self.add("fwd", MEM, (int(fwd_bytes),), 0)
+        if bwd_bytes > 0:
+            self.add("bwd_input", MEM, (int(bwd_bytes),), 0)
+
+    def table(self, phase: str) -> KernelTable:
+        rows = self.rows[phase]
+        if not rows:
+            return KernelTable.empty()
+        dims = np.array([d + (0,) * (NCOLS - len(d)) for _, d, _ in rows], dtype=np.int64)
+        k = len(rows)
+        return KernelTable(np.zeros(k), [r[0] for r in rows], dims, [r[2] for r in rows], np.full(k, self.math), np.zeros(k, bool))
+
+
+def mirrored(forward: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """The backward's collectives mirroring forward ones: an all-gather's is a reduce-scatter and
+    the reverse, a forward all-reduce (after a row-parallel layer) has its conjugate before the
+    column-parallel one, an all-to-all is an all-to-all."""
+    mirror = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
+    return [(mirror[op], group, nb) for op, group, nb in reversed(forward)]
+
+
+def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard, moe: bool) -> UnitWork:
+    """One transformer block's :class:`UnitWork` (see the module docstring)."""
+    L = local_sizes(spec, seq_len, precision, shard)
+    h, A, T, n = spec.hidden, L.A, L.T, L.n
+    tp, sp = L.t > 1, shard.sp and L.t > 1
+    ph = Phases(L.math)
+    fwd_coll: list[tuple[str, str, int]] = []   # (op, group, nbytes) in forward order
+    drop = MASK_BYTES if spec.dropout else 0
+
+    def tp_in() -> None:   # entering a tensor-parallel region (f / all-gather)
+        if sp:
+            fwd_coll.append(("all_gather", "tp", T * h * A))
+
+    def tp_out() -> None:  # leaving it (g / reduce-scatter)
+        if tp:
+            fwd_coll.append(("reduce_scatter" if sp else "all_reduce", "tp", T * h * A))
+
+    def norm() -> None:
+        ph.mem(3 * n * h * A, 4 * n * h * A)
+
+    def residual() -> None:
+        ph.mem(3 * n * h * A + drop * n * h, (2 * n * h * A + n * h) if drop else 0)
+
+    # --- attention
+    norm()
+    tp_in()
+    ph.linear(T, L.ql + 2 * L.kvdl, h)
+    if spec.position == "rope":
+        ph.mem(2 * T * (L.ql + L.kvdl) * A, 2 * T * (L.ql + L.kvdl) * A)
+    core_start = {p: len(r) for p, r in ph.rows.items()}
+    S = L.b * L.hl * L.sq * L.s  # attention scores on this GPU
+    if spec.attention == "flash":
+        group = max(L.hl // L.kvl, 1)
+        ph.add("fwd", ATTN, (L.b * L.hl, L.sq, L.s, L.d, 1, 0, group), 0)
+        ph.add("bwd_input", ATTN, (L.b * L.hl, L.sq, L.s, L.d, 1, 1, group), 0)
+    else:
+        ph.matmul(L.b * L.hl, L.sq, L.s, L.d)
+        ph.mem(3 * S * A, 3 * S * A)
+        if drop:
+            ph.mem(2 * S * A + S, 2 * S * A + S)
+        ph.matmul(L.b * L.hl, L.sq, L.d, L.s)
+    core_fwd = ph.rows["fwd"][core_start["fwd"]:]
+    ph.linear(T, h, L.ql)
+    tp_out()
+    residual()
+    # --- MLP or experts
+    norm()
+    mats = spec.mlp_matrices
+    act_fwd, act_bwd = (3, 5) if spec.gated_mlp else (2, 3)
+    if not moe:
+        tp_in()
+        ph.linear(T, L.fl * (mats - 1), h)
+        ph.mem(act_fwd * T * L.fl * A, act_bwd * T * L.fl * A)
+        ph.linear(T, h, L.fl)
+        tp_out()
+        Te = 0
+    else:
+        k, E = spec.top_k, spec.experts
+        ph.linear(n, E, h)                                   # router (replicated over TP)
+        ph.mem(3 * n * E * 4, 3 * n * E * 4)                 # softmax and top-k in FP32
+        ph.mem(2 * n * k * h * A, 2 * n * k * h * A)         # permute
+        if shard.ep > 1:
+            fwd_coll.append(("all_to_all", "ep", n * k * h * A))
+        Te = T * k                                           # routed tokens this GPU's experts take
+        if sp:
+            fwd_coll.append(("all_gather", "tp", Te * h * A))
+        me = ceil(Te / L.le)
+        ph.linear(me, L.fel * (mats - 1), h, batch=L.le)
+        ph.mem(act_fwd * Te * L.fel * A, act_bwd * Te * L.fel * A)
+        ph.linear(me, h, L.fel, batch=L.le)
+        if sp:
+            fwd_coll.append(("reduce_scatter", "tp", Te * h * A))
+        if shard.ep > 1:
+            fwd_coll.append(("all_to_all", "ep", n * k * h * A))
+        if spec.shared_experts:
+            tp_in()
+            fs = L.fsl * spec.shared_experts
+            ph.linear(T, fs * (mats - 1), h)
+            ph.mem(act_fwd * T * fs * A, act_bwd * T * fs * A)
+            ph.linear(T, h, fs)
+            if sp:
+                fwd_coll.append(("reduce_scatter", "tp", T * h * A))
+        ph.mem(n * k * h * A + n * h * A, 2 * n * k * h * A + n * h * A)   # un-permute: the weighted sum
+        if tp and not sp:
+            fwd_coll.append(("all_reduce", "tp", T * h * A))
+    residual()
+
+    # --- recompute
+    if shard.recompute == "selective":
+        for kind, dims, bdim in core_fwd:
+            ph.add("recompute", kind, dims, bdim)
+    elif shard.recompute == "full":
+        for kind, dims, bdim in ph.rows["fwd"]:
+            ph.add("recompute", kind, dims, bdim)
+
+    # --- collectives
+    calls = [CollectiveCall(op, g, nb, "forward") for op, g, nb in fwd_coll]
+    calls += [CollectiveCall(op, g, nb, "backward") for op, g, nb in mirrored(fwd_coll)]
+    if shard.recompute == "full":
+        calls += [CollectiveCall(op, g, nb, "recompute") for op, g, nb in fwd_coll]
+    if shard.cp > 1:
+        kv = 2 * L.b * L.sq * L.kvdl * A
+        calls.append(CollectiveCall("send_recv", "cp", kv, "forward", overlapped=True, count=shard.cp - 1))
+        calls.append(CollectiveCall("send_recv", "cp", kv, "backward", overlapped=True, count=2 * (shard.cp - 1)))
+        if shard.recompute != "none":
+            calls.append(CollectiveCall("send_recv", "cp", kv, "recompute", overlapped=True, count=shard.cp - 1))
+
+    # --- memory
+    unsplit = n * h * (4 * A + 2 * drop)                              # 2 norm inputs, QKV and MLP inputs, 2 dropout masks
+    qkvo = T * A * (2 * L.ql + 2 * L.kvdl)                            # Q, K, V and the attention output
+    core = S * (A + (MASK_BYTES + A if drop else 0)) if spec.attention == "eager" else 4 * L.b * L.hl * L.sq
+    act_mult = 3 if spec.gated_mlp else 2                             # (gate and up,) activation output
+    if not moe:
+        mlp = T * L.fl * A * act_mult
+        grad = A * max(T * (L.ql + 2 * L.kvdl), T * L.fl * (mats - 1))
+    else:
+        fs = L.fsl * spec.shared_experts
+        mlp = 4 * n * spec.experts + A * Te * h + A * Te * L.fel * act_mult + A * T * fs * act_mult
+        grad = A * max(T * (L.ql + 2 * L.kvdl), Te * L.fel * (mats - 1), T * fs * (mats - 1))
+    full = unsplit + qkvo + core + mlp
+    stored = {"none": full, "selective": full - core, "full": n * h * A}[shard.recompute]
+    transient = (full - stored) + grad + (S * A if spec.attention == "eager" else 0)
+    params = block_params_local(spec, L, moe)
+    return UnitWork(ph.table("fwd"), ph.table("bwd_input"), ph.table("bwd_weight"), ph.table("recompute"), calls,
+                    int(stored), int(transient), int(n * h * A), params,
+                    notes={"unsplit": unsplit, "qkvo": qkvo, "core": core, "mlp": mlp, "tokens": T, "tokens_unsplit": n})
+
+
+def block_params_local(spec: TransformerSpec, L: Local, moe: bool) -> int:
+    """A block's parameter elements on one GPU: the column- and row-parallel weights (and the
+    column-parallel biases) split, norms, row-parallel biases and the router replicated, the
+    experts split by EP and (their channels) by TP."""
+    h, mats = spec.hidden, spec.mlp_matrices
+    qkv_b = (L.ql + 2 * L.kvdl) if spec.linear_bias or spec.qkv_bias else 0
+    attention = h * (L.ql + 2 * L.kvdl) + L.ql * h + qkv_b + (h if spec.linear_bias else 0)
+
+    def mlp(f: int) -> int:
+        return mats * h * f + ((f * (mats - 1) + h) if spec.linear_bias else 0)
+
+    base = attention + 2 * spec.norm_params()
+    if not moe:
+        return base + mlp(L.fl)
+    return base + h * spec.experts + spec.shared_experts * mlp(L.fsl) + L.le * mlp(L.fel)
+
+
+def embedding_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard) -> UnitWork:
+    """The embedding: the vocabulary-parallel lookup (an all-reduce of its output over TP, a
+    reduce-scatter with SP), learned positions, the embedding norm, dropout."""
+    L = local_sizes(spec, seq_len, precision, shard)
+    h, A, T, n = spec.hidden, L.A, L.T, L.n
+    ph = Phases(L.math)
+    ph.add("fwd", MEM, (T * h * A + T * ID_BYTES,), 0)                 # gather the rows of the local vocabulary shard
+    ph.add("bwd_weight", MEM, (3 * T * h * A + T * ID_BYTES,), 0)      # scatter-add the gradient into the table
+    calls = []
+    if L.t > 1:
+        op = "reduce_scatter" if shard.sp else "all_reduce"
+        calls.append(CollectiveCall(op, "tp", T * h * A, "forward"))
+        if shard.sp:
+            calls.append(CollectiveCall("all_gather", "tp", T * h * A, "backward"))
+    if spec.position == "learned":
+        ph.mem(3 * n * h * A, 2 * n * h * A)
+    stored = T * ID_BYTES
+    if spec.embedding_norm:
+        ph.mem(3 * n * h * A, 4 * n * h * A)
+        stored += n * h * A
+    if spec.dropout:
+        ph.mem(2 * n * h * A + n * h, 2 * n * h * A + n * h)
+        stored += n * h * MASK_BYTES
+    pos = spec.seq_len * h if spec.position == "learned" else 0
+    params = L.vl * h + pos + (spec.norm_params() if spec.embedding_norm else 0)
+    return UnitWork(ph.table("fwd"), ph.table("bwd_input"), ph.table("bwd_weight"), ph.table("recompute"), calls,
+                    int(stored), int(T * h * A), int(n * h * A), int(params))
+
+
+def head_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard) -> UnitWork:
+    """The head: final norm, the logits GEMM over the local vocabulary (column parallel: an
+    all-gather of its input with SP, an all-reduce of its input gradient without), the
+    vocabulary-parallel cross-entropy (three all-reduces of one FP32 value per token: max, sum,
+    target logit) in FP32; it keeps the FP32 softmax for its backward."""
+    L = local_sizes(spec, seq_len, precision, shard)
+    h, A, T, n = spec.hidden, L.A, L.T, L.n
+    ph = Phases(L.math)
+    ph.mem(3 * n * h * A, 4 * n * h * A)
+    ph.linear(T, L.vl, h)
+    ph.mem(T * L.vl * (A + 3 * 4), T * L.vl * (4 + A))
+    calls = []
+    if L.t > 1:
+        if shard.sp:
+            calls += [CollectiveCall("all_gather", "tp", T * h * A, "forward"), CollectiveCall("reduce_scatter", "tp", T * h * A, "backward")]
+        else:
+            calls.append(CollectiveCall("all_reduce", "tp", T * h * A, "backward"))
+        calls.append(CollectiveCall("all_reduce", "tp", T * 4, "forward", count=3))
+    stored = 2 * n * h * A + 4 * T * L.vl
+    params = spec.norm_params() + (0 if spec.tied_embeddings else L.vl * h)
+    return UnitWork(ph.table("fwd"), ph.table("bwd_input"), ph.table("bwd_weight"), ph.table("recompute"), calls,
+                    int(stored), int(T * L.vl * A), 0, int(params), tied_params_local=L.vl * h if spec.tied_embeddings else 0)

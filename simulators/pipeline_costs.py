@@ -1,0 +1,220 @@
+"""What the pipeline simulator (:mod:`simulators.pipeline`) knows of a unit and a stage before it
+builds tasks: each unit's seconds, collectives and bytes on one GPU (:class:`UnitCost`, from
+:func:`harness.core.llm.work.unit_times` and the fabric), the tied embedding's copy, the optimizer
+step, the point-to-point time between stages, the FLOPs of a step, and the static memory.
+
+Memory per GPU by kind (:func:`static_memory`, :data:`MEMORY_KINDS`): weights, gradients and
+optimizer states by :data:`STATE_BYTES` and the ZeRO stage (the sharded share over ``dp * cp``
+ranks, experts over ``dp * cp / ep``; ZeRO, Rajbhandari et al. SC'20: 16P unsharded, ZeRO-1
+4P + 12P/d, ZeRO-2 2P + 14P/d, ZeRO-3 16P/d under mixed precision); activations from the
+simulated timeline (each forward allocates its unit's stored bytes, freed when its backward -
+or W - ends: the micro-batches in flight come out of the schedule); transient: the largest
+transient working set of the stage's units; buffers: the received P2P activation and gradient,
+ZeRO-3's gathered parameters (the unit in use and the prefetched one, or all the stage's when
+parameters stay gathered from forward to backward) and one unit's unsharded gradient, ZeRO-2's
+one bucket of unsharded gradients.  Not modelled: NCCL's own buffers, the allocator's
+fragmentation, CUDA context (about 0.5-1 GB a GPU in practice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from harness.core.cluster import DeviceSpec
+from harness.core.costs import CostModel, math_peak
+from harness.core.fabric import Fabric, Group, collective_time, p2p_time
+from harness.core.kernels import MEM, NCOLS, KernelTable
+from harness.core.llm.flops import hardware_flops, model_flops
+from harness.core.llm.plan import ParallelPlan
+from harness.core.llm.stack import StackGraph
+from harness.core.llm.work import unit_times
+from harness.core.precision import Precision, math_of
+from simulators.pipeline_figures import MEMORY_KINDS
+
+#: bytes per parameter element of (weights, gradients, optimizer states) by precision.  FP16 mixed
+#: precision: 16-bit weights and gradients, fp32 master weights + Adam's m and v (ZeRO, Rajbhandari
+#: et al. SC'20, Sec. 3.1: 2 + 2 + 12 = 16 bytes).  BF16 mixed precision keeps and reduces the
+#: gradients in fp32 (2 + 4 + 12 = 18 bytes): Megatron-LM turns on
+#: ``accumulate_allreduce_grads_in_fp32`` whenever ``--bf16`` is given (``megatron/training/arguments.py``),
+#: and torchtitan's FSDP2 reduces in fp32 (``mixed_precision_reduce = "float32"``).  fp32 / tf32:
+#: fp32 weights and gradients, m and v; pure fp16 / bf16: everything 16-bit, no master copy.
+#: Gradients are reduced in the type they are kept in.
+STATE_BYTES: dict[str, tuple[int, int, int]] = {
+    "amp_bf16": (2, 4, 12), "amp_fp16": (2, 2, 12), "fp32": (4, 4, 8), "tf32": (4, 4, 8), "fp16": (2, 2, 4), "bf16": (2, 2, 4),
+}
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """What one GPU of a stage does for one unit and one micro-batch, in seconds and bytes."""
+
+    name: str
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    recompute_s: float
+    #: (phase, group) -> seconds on the stage's device; phase forward | backward | recompute, group tp | cp | ep
+    comm_s: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    #: group -> bytes on the wire a GPU sends per micro-batch (all phases)
+    comm_bytes: Mapping[str, float] = field(default_factory=dict)
+    stored_bytes: int = 0
+    transient_bytes: int = 0
+    boundary_bytes: int = 0
+    params_local: int = 0  # parameter elements on one GPU after TP and EP, experts included
+    expert_params_local: int = 0  # of which in experts (reduced over the expert-data-parallel group)
+    tied_params_local: int = 0  # a tied head's copy of the embedding (:func:`tie_embeddings`)
+
+
+def wire_bytes(op: str, nbytes: float, p: int) -> float:
+    """Bytes one rank sends for a collective called with ``nbytes`` (an all-reduce's buffer, a
+    reduce-scatter's input, an all-gather's output): ring all-reduce 2(p-1)/p, reduce-scatter,
+    all-gather and all-to-all (p-1)/p, a send/recv all of it; 0 for a group of one."""
+    if p <= 1:
+        return 0.0
+    share = {"all_reduce": 2.0 * (p - 1) / p, "send_recv": 1.0, "broadcast": 1.0}.get(op, (p - 1) / p)
+    return float(nbytes) * share
+
+
+def comm_seconds(fabric: Fabric, op: str, nbytes: float, group: Group) -> float:
+    """A collective's seconds; ``send_recv`` (ring attention's exchange, ``cp - 1`` steps of a
+    ring) as that many point-to-point messages, inside a node when the group is."""
+    if group.size <= 1 or nbytes <= 0:
+        return 0.0
+    if op == "send_recv":
+        return p2p_time(fabric, nbytes, group.nodes_spanned(fabric.gpus_per_node) == 1)
+    return collective_time(fabric, op, nbytes, group)
+
+
+def unit_costs(graph: StackGraph, plan: ParallelPlan, fabric: Fabric, groups: Mapping[str, Group], costs: CostModel,
+               device: int) -> list[UnitCost]:
+    """:class:`UnitCost` of every unit on a GPU of ``device``'s kind: :func:`unit_times` per distinct
+    unit signature, its TP / CP / EP calls costed by the fabric (``count`` calls of each)."""
+    shard = plan.shard()
+    memo: dict[Any, UnitCost] = {}
+    out = []
+    for u, unit in enumerate(graph.units):
+        key = graph.signature(u)
+        if key not in memo:
+            ut = unit_times(graph, u, shard, costs, device)
+            phase_compute = {"forward": ut.fwd_s, "backward": ut.bwd_input_s + ut.bwd_weight_s, "recompute": ut.recompute_s}
+            comm: dict[tuple[str, str], float] = {}
+            hidden: dict[tuple[str, str], float] = {}
+            sent: dict[str, float] = {}
+            for call in ut.collectives:
+                g = groups[call.group]
+                t = call.count * comm_seconds(fabric, call.op, call.nbytes, g)
+                into = hidden if call.overlapped else comm
+                into[(call.phase, call.group)] = into.get((call.phase, call.group), 0.0) + t
+                sent[call.group] = sent.get(call.group, 0.0) + call.count * wire_bytes(call.op, call.nbytes, g.size)
+            for k, t in hidden.items():  # an overlapped exchange shows only where it outlasts its phase's compute
+                comm[k] = comm.get(k, 0.0) + max(0.0, t - phase_compute[k[0]])
+            expert = int(round(unit.expert_params / (plan.ep * plan.tp))) if unit.expert_params else 0
+            memo[key] = UnitCost(unit.name, ut.fwd_s, ut.bwd_input_s, ut.bwd_weight_s, ut.recompute_s,
+                                 {k: v for k, v in comm.items() if v > 0}, sent, int(ut.stored_bytes), int(ut.transient_bytes),
+                                 int(ut.boundary_bytes), int(ut.params_local), min(expert, int(ut.params_local)),
+                                 int(ut.tied_params_local))
+        uc = memo[key]
+        out.append(uc if uc.name == unit.name else replace(uc, name=unit.name))
+    return out
+
+
+def tie_embeddings(units: list[UnitCost], stage_of_unit: Sequence[int]) -> dict[int, float]:
+    """Megatron-LM's tied embedding across stages: a unit with ``tied_params_local`` (the head of a
+    model whose output projection is its embedding) on another stage than the embedding keeps its
+    own copy (its parameters, gradients and optimizer states) and all-reduces the gradient with the
+    first stage's; on the same stage it shares the embedding's.  ``units`` is updated; returns the
+    elements each stage all-reduces (none when the copy is not needed)."""
+    sync: dict[int, float] = {}
+    for u, uc in enumerate(units):
+        if uc.tied_params_local <= 0:
+            continue
+        emb = stage_of_unit[0]
+        if stage_of_unit[u] == emb:
+            units[u] = replace(uc, tied_params_local=0)
+            continue
+        units[u] = replace(uc, params_local=uc.params_local + uc.tied_params_local)
+        for s in (emb, stage_of_unit[u]):
+            sync[s] = sync.get(s, 0.0) + uc.tied_params_local
+    return sync
+
+
+def precision_peak(spec: DeviceSpec, precision: str) -> float:
+    """The device's dense peak FLOP/s for the matmuls of ``precision`` (the MFU's denominator):
+    BF16 / FP16 tensor cores under AMP or 16-bit training, TF32 under ``tf32``, FP32 else."""
+    p = Precision(precision)
+    dtype = p.autocast_dtype or p.param_dtype
+    return math_peak(spec, math_of(dtype, False, p))
+
+
+def optimizer_seconds(costs: CostModel, device: int, elements: float, precision: str) -> float:
+    """The optimizer step of ``elements`` local parameter elements, a memory-bound kernel: Adam
+    reads and writes each optimizer state byte, reads the gradient and writes the weight."""
+    w, g, o = STATE_BYTES[precision]
+    nbytes = int(math.ceil(elements * (2 * o + g + w)))
+    if nbytes <= 0:
+        return 0.0
+    dims = np.zeros((1, NCOLS), dtype=np.int64)
+    dims[0, 0] = nbytes
+    table = KernelTable(np.zeros(1), np.array([MEM]), dims, np.array([-1]), np.zeros(1), np.zeros(1, bool))
+    return float(np.asarray(costs.kernel_times(table, device, 1))[0])
+
+
+def shard_groups(plan: ParallelPlan) -> tuple[int, int]:
+    """(ranks a ZeRO shard of dense parameters spans, ranks of an expert parameter's): ``dp * cp``
+    (Megatron's distributed optimizer and FSDP shard over data x context parallel ranks) and
+    ``dp * cp / ep`` (the expert-data-parallel group)."""
+    d = plan.dp * plan.cp
+    return d, max(1, d // plan.ep)
+
+
+def static_memory(plan: ParallelPlan, units: Sequence[UnitCost], stage_units: Sequence[Sequence[int]], precision: str) -> dict[str, np.ndarray]:
+    """Bytes per stage of every memory kind but the activations (module docstring)."""
+    w, g, o = STATE_BYTES[precision]
+    d, de = shard_groups(plan)
+    pp = len(stage_units)
+    out = {k: np.zeros(pp, dtype=np.int64) for k in MEMORY_KINDS if k != "activations"}
+    for s, us in enumerate(stage_units):
+        dense = sum(units[u].params_local - units[u].expert_params_local for u in us)
+        expert = sum(units[u].expert_params_local for u in us)
+        sharded = dense / d + expert / de
+        full = dense + expert
+        out["weights"][s] = math.ceil(w * (sharded if plan.zero >= 3 else full))
+        out["gradients"][s] = math.ceil(g * (sharded if plan.zero >= 2 else full))
+        out["optimizer"][s] = math.ceil(o * (sharded if plan.zero >= 1 else full))
+        out["transient"][s] = max((units[u].transient_bytes for u in us), default=0)
+        biggest = max((units[u].params_local for u in us), default=0)
+        buf = 2 * max((units[u].boundary_bytes for u in us), default=0) if pp > 1 else 0
+        if plan.zero == 3:
+            gathered = 2 * biggest if plan.reshard_after_forward else full
+            buf += w * gathered + g * biggest
+        elif plan.zero == 2:
+            buf += min(plan.bucket_bytes, g * full)
+        out["buffers"][s] = buf
+    return out
+
+
+def p2p_time_between(fabric: Fabric, nbytes: float, stride: int, a: int, b: int) -> float:
+    """A pipeline send from stage ``a`` to stage ``b`` (``stride`` ranks per stage): every rank of
+    ``a`` sends to its partner at once, inside a node when every pair shares one, else across
+    (between pods when any pair is in different pods): a boundary is as slow as its slowest pair."""
+    j = np.arange(stride)
+    g = fabric.gpus_per_node
+    same_node = bool(np.all((a * stride + j) // g == (b * stride + j) // g))
+    pod = g * fabric.pod_nodes if fabric.pod_nodes else 0
+    same_pod = not pod or bool(np.all((a * stride + j) // pod == (b * stride + j) // pod))
+    return p2p_time(fabric, nbytes, same_node, same_pod)
+
+
+def step_flops(graph: StackGraph, recompute: str) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of one step: Korthikanti's for a transformer
+    (:mod:`harness.core.llm.flops`), for a CNN 3x the forward (a backward twice the forward) and,
+    with full recomputation, one forward more."""
+    if graph.spec is not None:
+        return (model_flops(graph.spec, graph.batch_size, graph.seq_len),
+                hardware_flops(graph.spec, graph.batch_size, recompute, graph.seq_len))
+    fwd = float(sum(u.flops_fwd for u in graph.units)) * graph.batch_size
+    return 3.0 * fwd, (4.0 if recompute == "full" else 3.0) * fwd

@@ -1,0 +1,130 @@
+"""The pipeline simulator's memory by kind and its DP / ZeRO / PP communication
+(simulators/pipeline.py, simulators/pipeline_figures.py), on resolved unit costs.
+
+Formulas (``../shared/data/llm/README.md``; ZeRO, Rajbhandari et al. SC'20, Sec. 5): mixed-precision
+Adam needs 16P bytes unsharded, ZeRO-1 4P + 12P/d, ZeRO-2 2P + 14P/d, ZeRO-3 16P/d; a step moves
+about 2P (DP, ZeRO-1, ZeRO-2) or 3P (ZeRO-3) parameter-sized messages through each rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.core.llm.plan import ParallelPlan
+from simulators import engine
+from simulators.pipeline import expand_pipeline
+from simulators.pipeline_costs import STATE_BYTES, UnitCost, static_memory, wire_bytes
+from simulators.pipeline_figures import CAT, COMM_KINDS, time_split
+
+
+def units_of(n: int, params: int = 1_000_000, expert: int = 0, f: float = 1.0, b: float = 2.0, stored: int = 1000,
+             comm: dict | None = None) -> list[UnitCost]:
+    return [UnitCost(f"u{u}", f, b, 0.0, 0.0, dict(comm or {}), {}, stored, 0, 4096, params, expert) for u in range(n)]
+
+
+def run(plan: ParallelPlan, m: int, units: list[UnitCost], coll_bw: float | None = None, p2p: float = 0.0, opt: float = 0.0):
+    """Expand and run; DP / ZeRO collectives at ``coll_bw`` bytes/s over their wire bytes (free when None)."""
+    d = plan.dp * plan.cp
+
+    def coll(op: str, nb: float, grp: str) -> tuple[float, float]:
+        size = d if grp == "dp" else max(1, d // plan.ep)
+        w = wire_bytes(op, nb, size)
+        return (w / coll_bw if coll_bw else 0.0), w
+
+    tg, _ = expand_pipeline(plan, m, units, [p2p] * (plan.chunks - 1), coll, [opt] * plan.pp, "amp_fp16")
+    tl = engine.run(tg, plan.pp, 3 * plan.pp)
+    return tg, tl, time_split(tg, tl, plan.pp)
+
+
+@pytest.mark.parametrize("zero,formula", [(0, lambda P, d: 16 * P), (1, lambda P, d: 4 * P + 12 * P / d),
+                                          (2, lambda P, d: 2 * P + 14 * P / d), (3, lambda P, d: 16 * P / d)])
+@pytest.mark.parametrize("dp,cp", [(1, 1), (8, 1), (4, 2)])
+def test_model_states_follow_zero(zero: int, formula, dp: int, cp: int) -> None:
+    P = 3_000_000
+    plan = ParallelPlan(tp=2, pp=2, dp=dp, cp=cp, zero=zero, stages=(3, 2))
+    units = units_of(5, params=P // 3)
+    mem = static_memory(plan, units, [plan.stage_units(s) for s in range(2)], "amp_fp16")
+    d = dp * cp  # Megatron's distributed optimizer and FSDP shard over data x context parallel ranks
+    states = mem["weights"][0] + mem["gradients"][0] + mem["optimizer"][0]
+    assert states == pytest.approx(formula(P, d), abs=3)
+    assert mem["weights"][1] + mem["gradients"][1] + mem["optimizer"][1] == pytest.approx(formula(2 * P // 3, d), abs=3)
+
+
+def test_expert_states_shard_over_the_expert_data_parallel_group() -> None:
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=4, zero=1, stages=(2,))
+    units = units_of(2, params=5_000_000, expert=4_000_000)
+    mem = static_memory(plan, units, [[0, 1]], "amp_fp16")
+    dense, expert = 2 * 1_000_000, 2 * 4_000_000
+    assert mem["optimizer"][0] == pytest.approx(12 * (dense / 8 + expert / 2), abs=2)  # dp*cp/ep = 2 ranks hold an expert
+
+
+def test_state_bytes_are_sixteen_under_mixed_precision() -> None:
+    assert sum(STATE_BYTES["amp_fp16"]) == sum(STATE_BYTES["fp32"]) == 16
+    assert STATE_BYTES["amp_bf16"] == (2, 4, 12)  # fp32 main gradients under bf16 (Megatron-LM, torchtitan)
+
+
+@pytest.mark.parametrize("zero,per_step", [(0, 2), (1, 2), (2, 2), (3, 3)])
+def test_dp_traffic_per_step(zero: int, per_step: int) -> None:
+    # a ring rank sends (d-1)/d of each parameter-sized message: 2P for all-reduce (or reduce-scatter
+    # + all-gather), 3P for ZeRO-3 (gather for forward and backward, reduce-scatter), m = 1
+    P, d = 4_000_000, 8
+    plan = ParallelPlan(tp=1, pp=1, dp=d, zero=zero, stages=(4,))
+    tg, _, _ = run(plan, 1, units_of(4, params=P // 4))
+    dp = tg.meta["cat"] == CAT["dp"]
+    assert tg.wire_bytes[dp].sum() == pytest.approx(per_step * (d - 1) / d * 2 * P)  # 16-bit messages
+
+
+def test_zero3_gathers_and_reduces_every_micro_batch() -> None:
+    plan = ParallelPlan(tp=1, pp=1, dp=4, zero=3, stages=(3,))
+    tg, _, _ = run(plan, 5, units_of(3))
+    labels = [tg.label[t] for t in np.flatnonzero(tg.meta["cat"] == CAT["dp"])]
+    assert sum(x.startswith("dp all_gather") for x in labels) == 2 * 5 * 3  # forward and backward, per unit and micro-batch
+    assert sum(x.startswith("dp reduce_scatter") for x in labels) == 5 * 3
+    kept = ParallelPlan(tp=1, pp=1, dp=4, zero=3, stages=(3,), reshard_after_forward=False)
+    tg2, _, _ = run(kept, 5, units_of(3))
+    assert sum(tg2.label[t].startswith("dp all_gather") for t in np.flatnonzero(tg2.meta["cat"] == CAT["dp"])) == 5 * 3
+
+
+def test_bucketed_reduction_overlaps_the_backward() -> None:
+    units = units_of(8, params=20_000_000)  # 40 MB of 16-bit gradients a unit: one bucket per 4 units
+    kw = dict(tp=1, pp=1, dp=8, zero=1, stages=(8,), bucket_bytes=160_000_000)
+    on, _, split_on = run(ParallelPlan(**kw), 2, units, coll_bw=50e6)
+    off, _, split_off = run(ParallelPlan(**kw, overlap_grad_reduce=False), 2, units, coll_bw=50e6)
+    buckets = [on.label[t] for t in np.flatnonzero(on.meta["cat"] == CAT["dp"]) if "reduce_scatter" in on.label[t]]
+    assert len(buckets) == 2
+    assert split_on["dp"][0] < split_off["dp"][0]
+
+
+def test_time_split_adds_up_to_the_step() -> None:
+    comm = {("forward", "tp"): 0.1, ("backward", "tp"): 0.1, ("forward", "ep"): 0.05}
+    plan = ParallelPlan(tp=2, pp=4, dp=2, zero=1, stages=(2, 2, 2, 2))
+    tg, tl, split = run(plan, 8, units_of(8, comm=comm), coll_bw=1e9, p2p=0.05, opt=0.2)
+    step = tl.makespan
+    for s in range(4):
+        total = split["compute"][s] + sum(split[k][s] for k in COMM_KINDS) + split["bubble"][s]
+        assert total == pytest.approx(step)
+        assert split["bubble"][s] >= 0
+    assert split["tp"] == pytest.approx([8 * 2 * 0.2] * 4)  # two units, forward and backward, per micro-batch
+    assert split["ep"] == pytest.approx([8 * 2 * 0.05] * 4)
+    assert (split["pp"] > 0).all()  # the P2P transfers delay the next stage's passes
+    assert split["compute"] == pytest.approx([8 * 2 * 3.0 + 0.2] * 4)
+
+
+def test_zero3_prefetch_hides_gathers_shorter_than_a_unit() -> None:
+    plan = ParallelPlan(tp=1, pp=1, dp=8, zero=3, stages=(6,))
+    units = units_of(6, params=1_000_000)  # a gather: 2 MB x 7/8 at 100 MB/s = 17.5 ms, a unit's forward 1 s
+    _, tl, split = run(plan, 2, units, coll_bw=100e6)
+    first = wire_bytes("all_gather", 2e6, 8) / 100e6
+    assert split["dp"][0] == pytest.approx(first + wire_bytes("reduce_scatter", 2e6, 8) / 100e6)  # the first gather, the last reduce
+    slow = units_of(6, params=100_000_000)  # a gather: 200 MB: 1.75 s, longer than a unit: exposed beyond the prefetch
+    _, _, split2 = run(plan, 2, slow, coll_bw=100e6)
+    assert split2["dp"][0] > 10 * split["dp"][0]
+
+
+def test_activation_buffers_free_at_their_backward() -> None:
+    plan = ParallelPlan(tp=1, pp=1, dp=1, stages=(4,))
+    tg, tl, _ = run(plan, 3, units_of(4, stored=100))
+    assert tl.peak_mem[0] == 4 * 100  # 1F1B on one stage: one micro-batch in flight
+    gp = ParallelPlan(tp=1, pp=1, dp=1, stages=(4,), schedule="gpipe")
+    _, tl2, _ = run(gp, 3, units_of(4, stored=100))
+    assert tl2.peak_mem[0] == 3 * 4 * 100
