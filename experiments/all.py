@@ -25,7 +25,7 @@ ORDER = [
     "celeritas_table2", "celeritas_table3", "celeritas_table4", "celeritas_table5",
     "optcnn_table3", "optcnn_fig7", "optcnn_fig8", "optcnn_table4", "optcnn_table5",
     "pase_search_time", "pase_speedup",
-    "sim_accuracy", "comm_fit", "gpu_accuracy",
+    "sim_accuracy", "comm_fit", "gpu_accuracy", "llm_accuracy", "llm_plans",
     "leaderboard",
     "scaling",
 ]

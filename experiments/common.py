@@ -220,3 +220,27 @@ def print_table(rows: Iterable[dict[str, Any]], cols: Sequence[str], title: str 
     text = "\n".join(lines)
     print(text)
     return text
+
+
+def md_cell(text: Any) -> str:
+    """Text in a Markdown table cell (a ``|`` escaped)."""
+    return str(text).replace("|", "\\|")
+
+
+def frame_markdown(df: Any, cols: Sequence[str], fmt: dict[str, str] | None = None) -> str:
+    """The columns ``cols`` of a DataFrame as a Markdown table: floats by ``fmt`` (a format per
+    column; 3 significant digits otherwise), a non-finite float as ``n/a``, text escaped."""
+    import math
+
+    fmt = fmt or {}
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in df.iterrows():
+        cells = []
+        for col in cols:
+            v = r.get(col, "")
+            if isinstance(v, float):  # numpy's float64 is a float
+                cells.append("n/a" if not math.isfinite(v) else fmt.get(col, "{:.3g}").format(v))
+            else:
+                cells.append(md_cell(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -4,7 +4,9 @@ Every row of ``harness/data/gpu/published_throughput.csv`` (tf_cnn_benchmarks on
 P100, NVIDIA's DeepLearningExamples on a DGX-1 with V100; 1, 4 and 8 GPUs, FP32 and AMP) is
 simulated as the zoo workload its ``workload_overrides`` name, on the published testbed
 (``dgx1_p100`` / ``dgx1_v100``), one GPU (``single_device``) or data parallelism over the
-published GPU count, under the calibrated and the analytical cost model.  The output, under
+published GPU count, under the calibrated and the analytical cost model, in the precision its
+trainer ran (:mod:`experiments._gpu_precision`: an AMP row as autocast or as apex O2's FP16 model
+with FP32 master weights, whichever its trainer's code uses).  The output, under
 ``results/gpu_accuracy/`` (``--quick`` without ``--out``: a scratch directory):
 
 * ``throughput.csv`` / the README table: simulated over published throughput, per model;
@@ -12,7 +14,9 @@ published GPU count, under the calibrated and the analytical cost model.  The ou
   at the same per-GPU batch)) beside the published one;
 * ``kernel_fit.csv``: the kernel fit's error on the DeepBench rows it was not fitted on
   (median and 90th percentile per device, precision and class; :mod:`harness.app.kernel_fit`);
-* ``predicted_vs_published.png``: log-log, with the +-10 % and +-25 % bands.
+* ``predicted_vs_published.png``: log-log, with the +-10 % and +-25 % bands;
+* the README's last section: which rows' verdicts moved since the ``throughput.csv`` the run
+  replaced (its ratios beside the new ones).
 
 Published figures stand in their own column, labelled with their source; every simulated
 figure is computed here.  A row the zoo cannot express is listed with the reason.
@@ -40,8 +44,10 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from experiments._gpu_changes import changes_lines, previous_table
 from experiments._gpu_fit_spread import COMMITTED_SEED, readme_lines, refit_tables, seed_frames, spread_table
-from experiments.common import REPO, experiment_args, output_dir, print_table, style
+from experiments._gpu_precision import recipe_lines, row_precision
+from experiments.common import REPO, experiment_args, frame_markdown, output_dir, print_table, style
 from harness.app.compose import compose
 from harness.app.kernel_fit import GPU_DATA, error_summary, fit_all
 from harness.core.kernel_model import load_table
@@ -84,11 +90,6 @@ SETUP_NOTES: tuple[tuple[str, str], ...] = (
 )
 
 
-def _precision(label: str) -> str:
-    """The zoo precision of a published precision label (FP32, AMP, AMP/FP16)."""
-    return "amp_fp16" if ("AMP" in label or "FP16" in label) else "fp32"
-
-
 def _tokens_per_sample(row: pd.Series, cfg: Any) -> float:
     """Samples to the published unit: 1 for img/s; source + target or target tokens per sentence."""
     if row["unit"] != "tok/s":
@@ -109,7 +110,7 @@ def simulate_row(row: pd.Series, costs: str, extra: Sequence[str] = ()) -> dict[
     gpus = int(row["gpus"])
     algo = ["algo=single_device"] if gpus == 1 else ["algo=data_parallel", f"algo.devices={gpus}"]
     cfg = compose(shlex.split(str(row["workload_overrides"])) + [
-        f"cluster={TESTBED[row['device']]}", f"costs={costs}", f"precision={_precision(row['precision'])}",
+        f"cluster={TESTBED[row['device']]}", f"costs={costs}", f"precision={row_precision(row)}",
         "output.gantt=false", "output.trace=false", "output.worth=false"] + algo + list(extra))
     t0 = time.perf_counter()
     res = run(cfg)
@@ -158,6 +159,7 @@ def fit_spread(pub: pd.DataFrame, tp: pd.DataFrame, seeds: Sequence[int]) -> tup
 def throughput_table(pub: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
     """One row per published figure: published, and per cost model simulated and ratio."""
     df = pub[["id", "device", "gpus", "batch_per_gpu", "precision", "unit", "published", "source"]].copy()
+    df.insert(5, "simulated_precision", [row_precision(r) for _, r in pub.iterrows()])
     for costs in COSTS:
         s = sim[sim["costs"] == costs].set_index("id")
         df[f"{costs}_sim"] = df["id"].map(s["throughput"])
@@ -334,19 +336,6 @@ def plot(tp: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def _md(df: pd.DataFrame, cols: Sequence[str], fmt: dict[str, str] | None = None) -> str:
-    fmt = fmt or {}
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r.get(c, "")
-            if isinstance(v, float):
-                cells.append("n/a" if not np.isfinite(v) else fmt.get(c, "{:.3g}").format(v))
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def _batch_lines(bt: pd.DataFrame) -> list[str]:
@@ -360,7 +349,7 @@ def _batch_lines(bt: pd.DataFrame) -> list[str]:
         "(milliseconds). A fixed part the simulation lacks is time that does not grow with the batch: framework and",
         "kernel-launch overheads, the update; a per-sample part it lacks is time in the kernels themselves.",
         "",
-        _md(bt, ["device", "workload", "precision", "batches", "published_fixed_ms", "calibrated_fixed_ms", "analytical_fixed_ms",
+        frame_markdown(bt, ["device", "workload", "precision", "batches", "published_fixed_ms", "calibrated_fixed_ms", "analytical_fixed_ms",
                  "published_per_sample_ms", "calibrated_per_sample_ms", "analytical_per_sample_ms"],
             {c: "{:.2f}" for c in bt.columns if c.endswith("_ms")}),
         "",
@@ -388,8 +377,20 @@ def _overlap_lines(sc: pd.DataFrame) -> list[str]:
     ]
 
 
+def _measured_lines(kf: pd.DataFrame) -> list[str]:
+    """What the README says of the devices the kernel fit has no measurements of."""
+    measured = set(kf["device"]) if "device" in kf else set()
+    newer = sorted({"A100", "H100"} & measured)
+    if len(newer) == 2:
+        return ["A100 and H100 are calibrated from their own kernel measurements (`harness/data/gpu/a100_h100/`, the rows",
+                "above); no published row of this experiment checks them (`python -m experiments llm_accuracy` does).", ""]
+    return ["A100 and H100 have no kernel measurements here: their costs are extrapolated from the V100 fits",
+            "(`harness/core/calibrated.py`, the compute-to-bandwidth transfer rule) and labelled `extrapolated` in every",
+            "`result.json` (`costs_report`); no published row checks them.", ""]
+
+
 def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame, kf: pd.DataFrame, quick: bool,
-                 fit_lines: Sequence[str] = ()) -> None:
+                 fit_lines: Sequence[str] = (), change_lines: Sequence[str] = ()) -> None:
     cal, ana = summary(tp, "calibrated"), summary(tp, "analytical")
     bad = tp[(tp["calibrated_status"] == "ok") & ((tp["calibrated_ratio"] - 1).abs() > 0.25)]
     good = tp[(tp["calibrated_status"] == "ok") & ((tp["calibrated_ratio"] - 1).abs() <= 0.10)]
@@ -431,9 +432,14 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame
         "",
         "![predicted vs published](predicted_vs_published.png)",
         "",
-        _md(tp, ["id", "gpus", "precision", "unit", "published", "calibrated_sim", "calibrated_ratio", "analytical_sim",
-                 "analytical_ratio"], {"published": "{:.0f}", "calibrated_sim": "{:.0f}", "analytical_sim": "{:.0f}",
-                                       "calibrated_ratio": "{:.2f}", "analytical_ratio": "{:.2f}"}),
+        frame_markdown(tp, ["id", "gpus", "precision", "simulated_precision", "unit", "published", "calibrated_sim", "calibrated_ratio",
+                 "analytical_sim", "analytical_ratio"], {"published": "{:.0f}", "calibrated_sim": "{:.0f}", "analytical_sim": "{:.0f}",
+                                                         "calibrated_ratio": "{:.2f}", "analytical_ratio": "{:.2f}"}),
+        "",
+        "How the mixed-precision rows ran (`simulated_precision`; [docs/precision.md](../../docs/precision.md)): each",
+        "as its trainer's code runs it, autocast or an FP16 model with FP32 master weights (apex O2):",
+        "",
+        *(recipe_lines(tp) or ["* no mixed-precision row here."]),
         "",
         "Where a zoo workload differs from the benchmarked network:",
         "",
@@ -446,7 +452,7 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame
         "`calibrated_eff_serial`: the same step with no overlap at all (the one-GPU step, then every gradient",
         "all-reduce the simulation ran, one after another), the floor overlap cannot go below.",
         "",
-        _md(sc, [c for c in ["id", "gpus", "published_eff", "calibrated_eff", "calibrated_eff_serial", "calibrated_points",
+        frame_markdown(sc, [c for c in ["id", "gpus", "published_eff", "calibrated_eff", "calibrated_eff_serial", "calibrated_points",
                              "analytical_eff", "analytical_points", "status"] if c in sc],
             {"published_eff": "{:.3f}", "calibrated_eff": "{:.3f}", "calibrated_eff_serial": "{:.3f}", "analytical_eff": "{:.3f}",
              "calibrated_points": "{:+.1f}", "analytical_points": "{:+.1f}"}),
@@ -456,18 +462,16 @@ def write_readme(out: Path, tp: pd.DataFrame, sc: pd.DataFrame, bt: pd.DataFrame
         "",
         *_batch_lines(bt),
         *fit_lines,
-        "## Kernel fit (DeepBench rows the fit did not see)",
+        "## Kernel fit (measured kernels the fit did not see)",
         "",
-        "`python -m harness.kernel_fit` fits each class on a seeded 70 % of DeepBench's kernels; the errors below are",
+        "`python -m harness.kernel_fit` fits each class on a seeded 70 % of the measured kernels; the errors below are",
         "on the other 30 % (all-reduce: leave one message size out).  |predicted / measured - 1|:",
         "",
-        _md(test, ["device", "precision", "class", "split", "kernels", "median_abs_error", "p90_abs_error"],
+        frame_markdown(test, ["device", "precision", "class", "split", "kernels", "median_abs_error", "p90_abs_error"],
             {"median_abs_error": "{:.1%}", "p90_abs_error": "{:.1%}"}),
         "",
-        "A100 and H100 have no kernel measurements here: their costs are extrapolated from the V100 fits",
-        "(`harness/core/calibrated.py`, the compute-to-bandwidth transfer rule) and labelled `extrapolated` in every",
-        "`result.json` (`costs_report`); no published row checks them.",
-        "",
+        *_measured_lines(kf),
+        *change_lines,
     ]
     (out / "README.md").write_text("\n".join(lines))
 
@@ -491,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown published row {unknown[0]!r}: the ids are in {PUBLISHED.relative_to(REPO)}")
         pub = pub[pub["id"].isin(wanted)].reset_index(drop=True)
     out = output_dir(a)
+    previous = previous_table(out / "throughput.csv")  # what this run replaces: the README says what moved
     sim = run_rows(pub)
     tp = throughput_table(pub, sim)
     sc = scaling_table(tp)
@@ -507,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(per_seed, out / "fit_seeds.csv")
         write_csv(rng, out / "fit_spread.csv")
         fit_lines = readme_lines(per_seed, rng)
-    write_readme(out, tp, sc, bt, kf, a.quick, fit_lines)
+    write_readme(out, tp, sc, bt, kf, a.quick, fit_lines, changes_lines(previous, tp))
     print_table(tp.to_dict("records"), ["id", "published", "calibrated_sim", "calibrated_ratio", "analytical_ratio"],
                 title="simulated / published throughput")
     for costs in COSTS:

@@ -9,7 +9,7 @@ among the ranks a stage stands for are costed by the fabric
 (:func:`harness.core.fabric.collective_time`) with the group the rank layout gives them.  A step of
 16,384 GPUs is then a few thousand tasks.
 
-Per stage, in :func:`simulators.schedules.stage_order`'s order, per op and per unit of its chunk
+Per stage, in :func:`harness.core.llm.schedules.stage_order`'s order, per op and per unit of its chunk
 (forward: the chunk's units in order; backward and W: reversed):
 
 * **compute** (engine COMPUTE tasks on the stage): the unit's forward; before its backward the
@@ -57,16 +57,18 @@ import numpy as np
 
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
-from harness.core.fabric import Group, fabric_of, rank_layout
+from harness.core.fabric import Group, fabric_of, fabric_report, rank_layout
 from harness.core.graph import BACKWARD, FORWARD, UPDATE
 from harness.core.llm.plan import ParallelPlan, PlanError
 from harness.core.llm.stack import StackGraph
 from simulators import engine
-from simulators.pipeline_costs import (STATE_BYTES, UnitCost, comm_seconds, optimizer_seconds, p2p_time_between, precision_peak,
-                                       shard_groups, static_memory, step_flops, tie_embeddings, unit_costs, wire_bytes)
+from harness.core.llm.memory import STATE_BYTES, shard_groups
+from harness.core.llm.pipeline_links import p2p_time_between
+from simulators.pipeline_costs import (UnitCost, comm_seconds, optimizer_seconds, precision_peak, static_memory, step_flops,
+                                       tie_embeddings, unit_costs, wire_bytes)
 from simulators.pipeline_figures import CAT, pipeline_figures
 from simulators.result import SimResult
-from simulators.schedules import splits_backward, stage_order
+from harness.core.llm.schedules import splits_backward, stage_order
 from simulators.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGraph, csr
 
 
@@ -397,6 +399,7 @@ def simulate_pipeline(graph: StackGraph, plan: ParallelPlan, cluster: Cluster, c
         "pipeline": {"pp": plan.pp, "vpp": plan.vpp, "m": info.m, "schedule": plan.schedule, "micro_batch": plan.micro_batch,
                      "stage_units": [len(us) for us in info.stage_units], "seq_len": graph.seq_len},
     })
+    extras["fabric_report"] = fabric_report(fabric_of(cluster))  # which figures the collectives ran at
     cat = tg.meta["cat"]
     by_kind = {k: int(round(float(tg.wire_bytes[cat == CAT[k]].sum()))) for k in ("pp", "dp")}
     for k in ("tp", "cp", "ep"):  # the units' collectives, counted per micro-batch pass

@@ -4,9 +4,10 @@ builds tasks: each unit's seconds, collectives and bytes on one GPU (:class:`Uni
 step, the point-to-point time between stages, the FLOPs of a step, and the static memory.
 
 Memory per GPU by kind (:func:`static_memory`, :data:`MEMORY_KINDS`): weights, gradients and
-optimizer states by :data:`STATE_BYTES` and the ZeRO stage (the sharded share over ``dp * cp``
-ranks, experts over ``dp * cp / ep``; ZeRO, Rajbhandari et al. SC'20: 16P unsharded, ZeRO-1
-4P + 12P/d, ZeRO-2 2P + 14P/d, ZeRO-3 16P/d under mixed precision); activations from the
+optimizer states by :data:`~harness.core.llm.memory.STATE_BYTES` and the ZeRO stage
+(:func:`harness.core.llm.memory.model_state_bytes`, which the plan searches' memory bounds share:
+the sharded share over ``dp * cp`` ranks, experts over ``dp * cp / ep``; ZeRO, Rajbhandari et al.
+SC'20: 16P unsharded, ZeRO-1 4P + 12P/d, ZeRO-2 2P + 14P/d, ZeRO-3 16P/d under mixed precision); activations from the
 simulated timeline (each forward allocates its unit's stored bytes, freed when its backward -
 or W - ends: the micro-batches in flight come out of the schedule); transient: the largest
 transient working set of the stage's units; buffers: the received P2P activation and gradient,
@@ -29,24 +30,12 @@ from harness.core.costs import CostModel, math_peak
 from harness.core.fabric import Fabric, Group, collective_time, p2p_time
 from harness.core.kernels import MEM, NCOLS, KernelTable
 from harness.core.llm.flops import hardware_flops, model_flops
+from harness.core.llm.memory import STATE_BYTES, model_state_bytes, shard_groups
 from harness.core.llm.plan import ParallelPlan
 from harness.core.llm.stack import StackGraph
 from harness.core.llm.work import unit_times
 from harness.core.precision import Precision, math_of
 from simulators.pipeline_figures import MEMORY_KINDS
-
-#: bytes per parameter element of (weights, gradients, optimizer states) by precision.  FP16 mixed
-#: precision: 16-bit weights and gradients, fp32 master weights + Adam's m and v (ZeRO, Rajbhandari
-#: et al. SC'20, Sec. 3.1: 2 + 2 + 12 = 16 bytes).  BF16 mixed precision keeps and reduces the
-#: gradients in fp32 (2 + 4 + 12 = 18 bytes): Megatron-LM turns on
-#: ``accumulate_allreduce_grads_in_fp32`` whenever ``--bf16`` is given (``megatron/training/arguments.py``),
-#: and torchtitan's FSDP2 reduces in fp32 (``mixed_precision_reduce = "float32"``).  fp32 / tf32:
-#: fp32 weights and gradients, m and v; pure fp16 / bf16: everything 16-bit, no master copy.
-#: Gradients are reduced in the type they are kept in.
-STATE_BYTES: dict[str, tuple[int, int, int]] = {
-    "amp_bf16": (2, 4, 12), "amp_fp16": (2, 2, 12), "fp32": (4, 4, 8), "tf32": (4, 4, 8), "fp16": (2, 2, 4), "bf16": (2, 2, 4),
-}
-
 
 @dataclass(frozen=True)
 class UnitCost:
@@ -146,7 +135,7 @@ def precision_peak(spec: DeviceSpec, precision: str) -> float:
     """The device's dense peak FLOP/s for the matmuls of ``precision`` (the MFU's denominator):
     BF16 / FP16 tensor cores under AMP or 16-bit training, TF32 under ``tf32``, FP32 else."""
     p = Precision(precision)
-    dtype = p.autocast_dtype or p.param_dtype
+    dtype = p.compute_dtype
     return math_peak(spec, math_of(dtype, False, p))
 
 
@@ -163,28 +152,17 @@ def optimizer_seconds(costs: CostModel, device: int, elements: float, precision:
     return float(np.asarray(costs.kernel_times(table, device, 1))[0])
 
 
-def shard_groups(plan: ParallelPlan) -> tuple[int, int]:
-    """(ranks a ZeRO shard of dense parameters spans, ranks of an expert parameter's): ``dp * cp``
-    (Megatron's distributed optimizer and FSDP shard over data x context parallel ranks) and
-    ``dp * cp / ep`` (the expert-data-parallel group)."""
-    d = plan.dp * plan.cp
-    return d, max(1, d // plan.ep)
-
-
 def static_memory(plan: ParallelPlan, units: Sequence[UnitCost], stage_units: Sequence[Sequence[int]], precision: str) -> dict[str, np.ndarray]:
     """Bytes per stage of every memory kind but the activations (module docstring)."""
-    w, g, o = STATE_BYTES[precision]
+    w, g, _ = STATE_BYTES[precision]
     d, de = shard_groups(plan)
     pp = len(stage_units)
     out = {k: np.zeros(pp, dtype=np.int64) for k in MEMORY_KINDS if k != "activations"}
     for s, us in enumerate(stage_units):
         dense = sum(units[u].params_local - units[u].expert_params_local for u in us)
         expert = sum(units[u].expert_params_local for u in us)
-        sharded = dense / d + expert / de
         full = dense + expert
-        out["weights"][s] = math.ceil(w * (sharded if plan.zero >= 3 else full))
-        out["gradients"][s] = math.ceil(g * (sharded if plan.zero >= 2 else full))
-        out["optimizer"][s] = math.ceil(o * (sharded if plan.zero >= 1 else full))
+        out["weights"][s], out["gradients"][s], out["optimizer"][s] = model_state_bytes(precision, plan.zero, dense, expert, d, de)
         out["transient"][s] = max((units[u].transient_bytes for u in us), default=0)
         biggest = max((units[u].params_local for u in us), default=0)
         buf = 2 * max((units[u].boundary_bytes for u in us), default=0) if pp > 1 else 0
@@ -195,18 +173,6 @@ def static_memory(plan: ParallelPlan, units: Sequence[UnitCost], stage_units: Se
             buf += min(plan.bucket_bytes, g * full)
         out["buffers"][s] = buf
     return out
-
-
-def p2p_time_between(fabric: Fabric, nbytes: float, stride: int, a: int, b: int) -> float:
-    """A pipeline send from stage ``a`` to stage ``b`` (``stride`` ranks per stage): every rank of
-    ``a`` sends to its partner at once, inside a node when every pair shares one, else across
-    (between pods when any pair is in different pods): a boundary is as slow as its slowest pair."""
-    j = np.arange(stride)
-    g = fabric.gpus_per_node
-    same_node = bool(np.all((a * stride + j) // g == (b * stride + j) // g))
-    pod = g * fabric.pod_nodes if fabric.pod_nodes else 0
-    same_pod = not pod or bool(np.all((a * stride + j) // pod == (b * stride + j) // pod))
-    return p2p_time(fabric, nbytes, same_node, same_pod)
 
 
 def step_flops(graph: StackGraph, recompute: str) -> tuple[float, float]:

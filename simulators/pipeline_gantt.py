@@ -126,13 +126,13 @@ def plot_pipeline(sim: SimResult, path: str | Path, title: str | None = None) ->
         handles += [Patch(facecolor=SOLID[k], label=n) for k, n in (("R", "recompute"), ("tp", "TP/CP/EP collective"))]
     handles += [Patch(facecolor=SOLID["opt"], label="optimizer"), Patch(facecolor="#222222", label="P2P send"),
                 Patch(facecolor="#d0d0d0", hatch="////", edgecolor="#555555", label="DP/ZeRO")]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.55 / (row * pp)), ncol=len(handles), fontsize=7,
-              frameon=False)
+    # below the axes, outside them: savefig's tight box takes it in, whatever the number of stages
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles), fontsize=7, frameon=False)
     bubble = sim.extras.get("bubble_fraction")
     head = (f"{pipe.get('schedule', '?')}: pp={pp} vpp={pipe.get('vpp', 1)} m={pipe.get('m', '?')}, step {step * scale:.4g} {unit}"
             + (f", bubble {bubble * 100:.1f} %" if bubble is not None else "")
             + (" (each pass one bar, its recompute and collectives included)" if merged else ""))
     ax.set_title(f"{title}\n{head}" if title else head, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

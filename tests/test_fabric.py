@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from harness.core.cluster import device_spec
+from harness.core.cluster import build_cluster, device_spec
 from harness.core.errors import ClusterError, OptionError
-from harness.core.fabric import (OPS, Fabric, Group, all_to_all_time, bus_bandwidth, collective_time, fabric_of, p2p_time,
-                                 rank_layout)
-from tests.helpers import make_cluster, preset_cluster
+from harness.core.fabric import (OPS, Fabric, Group, all_to_all_time, bus_bandwidth, calibrate, collective_time, fabric_of,
+                                 fabric_report, nvls_time, p2p_time, rank_layout)
+from harness.core.nccl_calibration import IntraCalibration, NetCalibration, load_table
+from tests.helpers import DEVICE, make_cluster, preset_cluster
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster"
 #: a DGX SuperPOD-like fabric of 64 nodes: NVSwitch 300 GB/s, 25 GB/s NIC per GPU
@@ -207,7 +209,8 @@ def test_refused(call, error, match):
     (["cluster=dgx1_v100"], 150e9, 0.0, 8, 1, False, (0, 1.0)),
 ])
 def test_fabric_of_presets(overrides, intra, inter, gpus, nodes, rail, pods):
-    f = fabric_of(preset_cluster(*overrides))
+    """The datasheet figures read off the presets (before the NCCL calibration scales them)."""
+    f = fabric_of(preset_cluster(*overrides), calibrated=False)
     assert (f.gpus_per_node, f.nodes, f.rail_optimized, (f.pod_nodes, f.pod_oversubscription)) == (gpus, nodes, rail, pods)
     assert f.intra_bw == pytest.approx(intra) and f.inter_bw == pytest.approx(inter)
     assert f.intra_link == "nvlink"
@@ -235,3 +238,119 @@ def test_h100_devices():
     h, t = spec("h100_sxm5"), spec("h100_sxm5_96gb")
     assert h.peak("float8") == pytest.approx(2 * h.peak("bfloat16"), rel=1e-4)  # FP8 tensor cores: twice BF16 (rounded figures)
     assert t.peak_flops == h.peak_flops and t.mem_bw == 2.4e12 and t.mem_capacity == 96 * 2**30
+
+
+# ---------------------------------------------------------------------------- NVLS and the NCCL calibration
+#: an H100-like pod with NVLS: ring bus 360 GB/s, NVLS 260 GB/s, 45 GB/s of NIC per GPU, NCCL's latencies x2 and x3
+NVLS_POD = Fabric(8, 64, 360e9, 5e-6, 45e9, 3e-6, True, nvls_bw=260e9, lat_scale=2.0, net_lat_scale=3.0)
+
+
+def test_nvls_inside_a_node():
+    """NVLS: 23 us x lat_scale, then the bytes at nvls_bw whatever the ranks; the fastest wins, so
+    a large all-reduce of 8 ranks runs NVLS (260 > 360 x 8/14) and one of 2 the ring (360 > 260)."""
+    for p in (3, 5, 8):
+        pl = Group(p).placement(8)
+        assert nvls_time(NVLS_POD, 1e9, pl) == pytest.approx(2 * 23e-6 + 1e9 / 260e9)
+    assert slope(NVLS_POD, "all_reduce", Group(8)) == pytest.approx(1 / 260e9)
+    assert slope(NVLS_POD, "all_reduce", Group(2)) == pytest.approx(1 / 360e9)
+    ring = replace(NVLS_POD, nvls_bw=0.0)
+    assert collective_time(NVLS_POD, "all_reduce", 64, Group(8)) == collective_time(ring, "all_reduce", 64, Group(8))  # LL wins small
+    for op in ("all_gather", "reduce_scatter", "all_to_all", "broadcast"):  # NVLS is an all-reduce algorithm here
+        assert collective_time(NVLS_POD, op, 1e9, Group(8)) == collective_time(ring, op, 1e9, Group(8))
+
+
+def test_nvls_tree_across_nodes():
+    """NVLSTree: the slower of NVLS and the network (r NICs; halved above two nodes), latency NVLS's
+    plus 2 log2(nodes) network levels of 14 us x net_lat_scale; none with one rank per node."""
+    two, four = Group(16).placement(8), Group(32).placement(8)
+    assert nvls_time(NVLS_POD, 1e9, two) == pytest.approx((2 * 23 + 2 * 1 * 14 * 3) * 1e-6 + 1e9 / 260e9)
+    assert nvls_time(NVLS_POD, 1e9, four) == pytest.approx((2 * 23 + 2 * 2 * 14 * 3) * 1e-6 + 1e9 / (8 * 45e9 / 2))
+    half = Group(8, 2).placement(8)  # 4 ranks on each of 2 nodes: 4 NICs
+    assert nvls_time(NVLS_POD, 1e9, half) == pytest.approx((2 * 23 + 2 * 14 * 3) * 1e-6 + 1e9 / (4 * 45e9))
+    assert nvls_time(NVLS_POD, 1e9, Group(16, 8).placement(8)) == math.inf
+    ring = replace(NVLS_POD, nvls_bw=0.0)
+    assert collective_time(NVLS_POD, "all_reduce", 1e9, Group(16, 8)) == collective_time(ring, "all_reduce", 1e9, Group(16, 8))
+
+
+def test_latency_scales():
+    """lat_scale multiplies NCCL's base and intra-node step latencies, net_lat_scale its network
+    steps (and the host's network overhead): one byte, LL ring."""
+    f = Fabric(8, 2, 300e9, 5e-6, 25e9, 3e-6, True, lat_scale=2.0, net_lat_scale=3.0)
+    assert collective_time(f, "all_gather", 8, Group(8)) == pytest.approx(2 * (6.6 + 7 * 0.6) * 1e-6, rel=1e-3)
+    # 16 ranks on 2 nodes: 15 steps, 1 across (LL: 2.7 us), the 14 others at max(0.6 x 2, 1.0 x 3) us
+    assert collective_time(f, "all_gather", 16, Group(16)) == pytest.approx((2 * 6.6 + 14 * 3.0 + 3 * 2.7) * 1e-6, rel=1e-3)
+
+
+def test_p2p_bandwidth():
+    f = replace(POD, p2p_bw=200e9)
+    assert p2p_time(f, 1e9, same_node=True) == pytest.approx(5e-6 + 1e9 / 200e9)
+    assert p2p_time(f, 1e9, same_node=False) == p2p_time(POD, 1e9, same_node=False)
+
+
+def test_calibrate_scales_the_datasheet_figures():
+    intra, net = IntraCalibration("X/nvswitch", 0.5, 0.8, 2.0, 0.6), NetCalibration("ib_roce", 0.9, 3.0)
+    f = calibrate(POD, intra, net, nvls=True)
+    assert (f.intra_bw, f.p2p_bw, f.nvls_bw, f.inter_bw) == pytest.approx((150e9, 120e9, 180e9, 22.5e9))
+    assert (f.lat_scale, f.net_lat_scale, f.intra_source, f.inter_source) == (2.0, 3.0, "X/nvswitch", "ib_roce")
+    assert calibrate(POD, intra, net, nvls=False).nvls_bw == 0.0
+    assert calibrate(POD, None, None) == POD
+    assert calibrate(POD, None, net).intra_bw == POD.intra_bw and calibrate(POD, intra, None).inter_bw == POD.inter_bw
+
+
+def test_fabric_of_calibrates_the_measured_systems():
+    """A100 / H100 NVSwitch nodes and InfiniBand / RoCE take the table's factors; NVLS is on by
+    default on H100 only; Omni-Path, V100, P100 and a PCIe node keep their datasheet figures."""
+    table = load_table()
+    a100, h100 = table["systems"]["A100/nvswitch"], table["systems"]["H100/nvswitch"]
+    f = fabric_of(preset_cluster("cluster=superpod_a100"))
+    assert (f.intra_source, f.inter_source, f.nvls_bw) == ("A100/nvswitch", "ib_roce", 0.0)
+    assert f.intra_bw == pytest.approx(300e9 * a100["bus_eff"]) and f.p2p_bw == pytest.approx(f.intra_bw * a100["p2p_eff"])
+    assert f.inter_bw == pytest.approx(25e9 * table["systems"]["ib_roce"]["net_eff"])
+    h = fabric_of(preset_cluster("cluster=dgx_h100"))
+    assert h.nvls_bw == pytest.approx(450e9 * h100["nvls_eff"]) and h.intra_bw == pytest.approx(450e9 * h100["bus_eff"])
+    assert fabric_of(preset_cluster("cluster=dgx_h100", "cluster.intra.nvls=false")).nvls_bw == 0.0
+    assert fabric_of(preset_cluster("cluster=parametric")).nvls_bw > 0  # nvls: null, an H100
+    assert fabric_of(preset_cluster("cluster=jean_zay_a100")).inter_source == "datasheet"  # Omni-Path
+    for overrides in (["cluster=dgx1_v100"], ["cluster=p100x16_4nodes"], ["cluster=parametric", "cluster/device=p100_sxm2"],
+                      ["cluster=v100x4_pcie"]):
+        cl = preset_cluster(*overrides)
+        assert fabric_of(cl) == fabric_of(cl, calibrated=False), overrides
+
+
+def test_nvls_on_an_a100_is_refused():
+    with pytest.raises(ClusterError, match=r"^cluster\.intra\.nvls=true: NVLink SHARP needs third-generation NVSwitch") as e:
+        fabric_of(preset_cluster("cluster=superpod_a100", "cluster.intra.nvls=true"))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ClusterError, match=r"^cluster\.intra\.nvls must be true or false, got 'maybe'"):
+        build_cluster("x", DEVICE, 8, intra={"topology": "switch", "cls": "nvlink", "bw_GBps": 450, "nvls": "maybe"})
+
+
+@pytest.mark.parametrize("overrides", [["cluster=superpod_h100", "cluster.nodes=64"], ["cluster=h100_roce"],
+                                       ["cluster=superpod_a100", "cluster.nodes=64"]])
+def test_calibrated_fabrics_stay_monotone(overrides):
+    """Time non-decreasing in bytes and in the group's size on the calibrated fabrics (NVLS and
+    NVLSTree among NCCL's candidates on the H100s)."""
+    f = fabric_of(preset_cluster(*overrides))
+    for op, stride in itertools.product(OPS, (1, 2, 8)):
+        groups = [Group(p, stride) for p in (2, 4, 8, 16, 32, 64) if (p - 1) * stride < f.gpus]
+        for group in groups:
+            times = [collective_time(f, op, x, group) for x in sorted(SIZES)]
+            assert all(b >= a for a, b in zip(times, times[1:])), (op, group)
+        for nbytes in (1e3, 1e6, 1e8, 1e10):
+            times = [collective_time(f, op, nbytes, g) for g in groups]
+            assert all(b >= a for a, b in zip(times, times[1:])), (op, stride, nbytes, times)
+
+
+def test_fabric_report():
+    rep = fabric_report(fabric_of(preset_cluster("cluster=superpod_h100", "cluster.nodes=4")))
+    assert rep["intra"]["source"] == "H100/nvswitch" and rep["inter"]["source"] == "ib_roce"
+    assert rep["intra"]["nvls_GBps"] > 0 and rep["intra"]["heldout_error"]["intra all-reduce"]["rows"] > 0
+    assert "inter-node" in rep["inter"]["heldout_error"]
+    plain = fabric_report(fabric_of(preset_cluster("cluster=dgx1_v100")))
+    assert plain["intra"]["source"] == "datasheet" and "heldout_error" not in plain["intra"] and "inter" not in plain
+
+
+@pytest.mark.parametrize("kw", [{"nvls_bw": -1.0}, {"lat_scale": 0.0}, {"net_lat_scale": math.nan}, {"p2p_bw": math.inf}])
+def test_refused_calibrated_figures(kw):
+    with pytest.raises(ClusterError, match="is not a fabric"):
+        replace(POD, **kw)

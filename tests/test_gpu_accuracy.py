@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -162,3 +164,37 @@ def test_written_figures_keep_the_precision_the_computation_supports(tmp_path):
     gpu_accuracy.write_csv(df, tmp_path / "a.csv")
     gpu_accuracy.write_csv(noisy, tmp_path / "b.csv")
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+
+
+def test_each_amp_row_runs_its_trainers_recipe():
+    from experiments._gpu_precision import AMP_RECIPES, amp_recipe, row_precision
+
+    src = "NVIDIA/DeepLearningExamples: PyTorch/{}/README.md"
+    assert row_precision({"precision": "FP32", "source": src.format("Translation/GNMT")}) == "fp32"
+    assert row_precision({"precision": "AMP", "source": src.format("Translation/GNMT")}) == "fp16_master"
+    assert row_precision({"precision": "AMP", "source": src.format("Translation/Transformer")}) == "fp16_master"
+    assert row_precision({"precision": "AMP/FP16", "source": src.format("Classification/ConvNets/resnet50v1.5")}) == "amp_fp16"
+    assert row_precision({"precision": "AMP", "source": "another trainer"}) == "amp_fp16"  # autocast by default
+    # every mixed-precision row of the committed data names a trainer whose recipe is known
+    pub = pd.read_csv(gpu_accuracy.PUBLISHED)
+    amp = pub[pub["precision"].str.contains("AMP|FP16")]
+    assert len(amp) >= 3
+    for source in amp["source"]:
+        assert any(re.search(p, source) for p, _, _ in AMP_RECIPES), source
+        assert amp_recipe(source)[1]
+
+
+def test_changes_say_which_verdicts_moved_and_why():
+    from experiments._gpu_changes import band, changes_lines, changes_table
+
+    assert [band(r) for r in (1.05, 0.8, 1.3, 0.74)] == ["within 10 %", "within 25 %", "beyond 25 %", "beyond 25 %"]
+    before = pd.DataFrame({"id": ["a", "b", "c", "d"], "calibrated_ratio": [1.02, 0.47, 0.77, 1.0]})
+    after = pd.DataFrame({"id": ["a", "b", "c", "d"], "calibrated_ratio": [1.16, 0.50, 0.771, float("nan")],
+                          "simulated_precision": ["fp16_master", "fp16_master", "amp_fp16", "fp32"]})
+    ch = changes_table(before, after)
+    assert list(ch["id"]) == ["a", "b"]  # c moved by less than 0.5 %, d has no figure
+    assert list(ch["band_after"]) == ["within 25 %", "beyond 25 %"]
+    assert ch["why"].str.contains("simulated as fp16_master, was amp_fp16").all()
+    text = "\n".join(changes_lines(before, after))
+    assert "a (within 10 % -> within 25 %)" in text and "b (" not in text.split("Verdicts that moved:")[1]
+    assert "No earlier" in "\n".join(changes_lines(None, after))

@@ -13,7 +13,8 @@ import pytest
 from harness.core.llm.plan import ParallelPlan
 from simulators import engine
 from simulators.pipeline import expand_pipeline
-from simulators.pipeline_costs import STATE_BYTES, UnitCost, static_memory, wire_bytes
+from harness.core.llm.memory import STATE_BYTES
+from simulators.pipeline_costs import UnitCost, static_memory, wire_bytes
 from simulators.pipeline_figures import CAT, COMM_KINDS, time_split
 
 

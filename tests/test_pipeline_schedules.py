@@ -1,4 +1,4 @@
-"""Pipeline schedules (simulators/schedules.py) and the bubble and activation memory the simulated
+"""Pipeline schedules (harness/core/llm/schedules.py) and the bubble and activation memory the simulated
 pipeline gives them (simulators/pipeline.py's expansion run by the event engine).
 
 The formulas (``../shared/data/llm/README.md``; Narayanan et al. SC'21 Sec. 2.2; Qi et al. ICLR'24):
@@ -22,7 +22,7 @@ from simulators import engine
 from simulators.pipeline import expand_pipeline
 from simulators.pipeline_costs import UnitCost
 from simulators.pipeline_figures import time_split
-from simulators.schedules import ORDERS, Op, in_flight, splits_backward, stage_order
+from harness.core.llm.schedules import ORDERS, Op, in_flight, splits_backward, stage_order
 
 
 def orders_ok(schedule: str, pp: int, m: int, vpp: int) -> None:

@@ -16,7 +16,7 @@ from harness.core.llm.source import LLMModel
 from harness.core.llm.stack import StackGraph
 from simulators.gantt import plot_gantt
 from simulators.pipeline import build_pipeline_taskgraph, simulate_pipeline
-from simulators.pipeline_costs import STATE_BYTES
+from harness.core.llm.memory import STATE_BYTES
 from simulators.pipeline_figures import CAT, COMM_KINDS, MEMORY_KINDS
 from simulators.simulate import simulate
 

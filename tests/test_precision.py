@@ -2,11 +2,15 @@
 
 Pins: the ``Precision`` names and math modes (``math_of``); CUDA autocast's op lists as
 applied at capture (GEMMs and convolutions in FP16 / BF16, norms, softmax and losses in FP32,
-FP32 master weights, cached weight casts, loss scaling only for ``amp_fp16``); the
-half-precision captures (``fp16`` / ``bf16``); that the temporary autocast kernels do not
+FP32 master weights, cached weight casts, loss scaling for ``amp_fp16``); the
+half-precision captures (``fp16`` / ``bf16``); apex O2's ``fp16_master`` (an FP16 model cast
+from FP32 masters once per step, no per-op casts, the loss on FP32 logits, the unscale folded
+into the gradient copy) and what it costs against autocast's ``amp_fp16`` on one step; that
+``amp_fp8`` is refused on operator and layer graphs; that the temporary autocast kernels do not
 outlive a capture; the batch probe under AMP; the layer-graph and non-torch sources'
 handling of ``precision``; the peaks a math mode maps to (``math_peak`` / ``node_peaks``);
-and ``python -m harness ... precision=amp_fp16`` end to end.
+and ``python -m harness ... precision=amp_fp16`` end to end.  The FP8 recipe of a transformer
+block is ``tests/test_fp8.py``'s.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ from harness.core.costs import math_peak, node_peaks
 from harness.core.graph import FORWARD, REPLICATED, UPDATE, OpGraph
 from harness.core.kernels import CONV_FWD, CONV_KINDS, GEMM, MEM, NCOLS, KernelTable
 from harness.core.precision import (
-    BF16, FP16, FP32, FP64, INT, LOSS_SCALE, PRECISIONS, TF32, Precision, PrecisionError, cuda_autocast, math_of,
+    BF16, FP8, FP16, FP32, FP64, INT, LOSS_SCALE, MATH, PRECISIONS, TF32, Precision, PrecisionError, cuda_autocast, math_of,
 )
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: the precisions an operator graph is captured in (``amp_fp8`` is a transformer stack graph's)
+OP_PRECISIONS = tuple(p for p in PRECISIONS if p != "amp_fp8")
 
 GEMM_CONV_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.convolution.default",
                      "aten.convolution_backward.default")
@@ -88,7 +95,7 @@ def capture_net(precision: str) -> OpGraph:
 
 @pytest.fixture(scope="module")
 def graphs() -> dict[str, OpGraph]:
-    return {p: capture_net(p) for p in PRECISIONS}
+    return {p: capture_net(p) for p in OP_PRECISIONS}
 
 
 def nodes_of(g: OpGraph, target: str, layer: str | None = None) -> list[int]:
@@ -119,14 +126,20 @@ def test_precision_rejects_unknown_names_and_lists_the_options() -> None:
 
 
 def test_precision_properties() -> None:
-    assert [Precision(p).autocast_dtype for p in PRECISIONS] == [None, None, "float16", "bfloat16", None, None]
-    assert [Precision(p).param_dtype for p in PRECISIONS] == ["float32"] * 4 + ["float16", "bfloat16"]
-    assert [Precision(p).loss_scaling for p in PRECISIONS] == [False, False, True, False, False, False]
+    assert PRECISIONS == ("fp32", "tf32", "amp_fp16", "amp_bf16", "fp16", "bf16", "fp16_master", "amp_fp8")
+    assert [Precision(p).autocast_dtype for p in PRECISIONS] == [None, None, "float16", "bfloat16", None, None, None, "bfloat16"]
+    assert [Precision(p).param_dtype for p in PRECISIONS] == ["float32"] * 4 + ["float16", "bfloat16", "float32", "float32"]
+    assert [Precision(p).model_dtype for p in PRECISIONS] == ["float32"] * 4 + ["float16", "bfloat16", "float16", "float32"]
+    assert [Precision(p).compute_dtype for p in PRECISIONS] == ["float32"] * 2 + ["float16", "bfloat16"] * 2 + ["float16", "bfloat16"]
+    assert [Precision(p).loss_scaling for p in PRECISIONS] == [False, False, True, False, False, False, True, False]
+    assert [p for p in PRECISIONS if Precision(p).master_copy] == ["fp16_master"]
+    assert [p for p in PRECISIONS if Precision(p).fp8_linears] == ["amp_fp8"]
+    assert MATH[FP8] == "fp8" and len(MATH) == 7
 
 
 def test_math_of_follows_pytorchs_tf32_flags() -> None:
     # fp32: cudnn.allow_tf32 (convolutions) is on, matmul.allow_tf32 is off; AMP keeps that for FP32 ops
-    for p in ("fp32", "amp_fp16", "amp_bf16"):
+    for p in ("fp32", "amp_fp16", "amp_bf16", "fp16_master", "amp_fp8"):
         assert math_of("float32", True, Precision(p)) == TF32
         assert math_of("float32", False, Precision(p)) == FP32
     assert math_of("float32", False, Precision("tf32")) == TF32
@@ -236,7 +249,7 @@ def test_amp_shrinks_activations(graphs: dict[str, OpGraph]) -> None:
     assert conv_amp * 2 == conv_ref == BATCH * 16 * 8 * 8 * 4
 
 
-def test_loss_scaling_only_under_amp_fp16(graphs: dict[str, OpGraph]) -> None:
+def test_loss_scaling_under_amp_fp16(graphs: dict[str, OpGraph]) -> None:
     trainable = int((graphs["fp32"].grad_node >= 0).sum())
     assert trainable == 10
 
@@ -261,6 +274,108 @@ def test_loss_scaling_only_under_amp_fp16(graphs: dict[str, OpGraph]) -> None:
     assert len(extra[0]) == len(extra[1]) + 2
     assert extra[0].count("loss") == extra[1].count("loss") + 2
     assert LOSS_SCALE == 2.0**16
+
+
+# ---------------------------------------------------------------------------- apex O2: fp16_master
+def test_fp16_master_runs_an_fp16_model_cast_from_fp32_masters(graphs: dict[str, OpGraph]) -> None:
+    g, ref = graphs["fp16_master"], graphs["fp32"]
+    # the masters are the parameters: FP32, as many bytes as the FP32 step's
+    np.testing.assert_array_equal(g.param_bytes, ref.param_bytes)
+    assert g.meta["dtype"] == "float32" and g.meta["precision"] == "fp16_master"
+    for v, t in enumerate(g.targets):
+        if t in GEMM_CONV_TARGETS:
+            assert set(g.out_dtypes[v]) == {"float16"}, t
+    # each floating parameter but batch norm's (keep_batchnorm_fp32) is cast once, forward, in its own layer
+    floating = {n for p, n in enumerate(g.param_names) if g.grad_node[p] >= 0}  # the trainable parameters
+    casts = [v for v in nodes_of(g, "aten._to_copy.default") if g.phase[v] == FORWARD and len(g.params_of(v))]
+    cast_params = [g.param_names[int(p)] for v in casts for p in g.params_of(v)]
+    assert sorted(cast_params) == sorted(floating - {"bn.weight", "bn.bias"})
+    for v in casts:
+        (p,) = g.params_of(v).tolist()
+        assert g.layer_names[g.layer[v]] == g.param_names[p].rsplit(".", 1)[0]
+        assert first_dtype(g, v) == "float16"
+    # no autocast: layer norm and softmax run in FP16; the loss takes FP32 logits
+    for target in ("aten.native_layer_norm.default", "aten._softmax.default"):
+        assert first_dtype(g, nodes_of(g, target)[0]) == "float16", target
+    assert first_dtype(g, nodes_of(g, "aten._log_softmax.default", "model")[0]) == "float16"
+    assert first_dtype(g, nodes_of(g, "aten._log_softmax.default", "loss")[0]) == "float32"
+
+
+def test_fp16_master_scales_the_loss_and_folds_the_unscale_into_the_gradient_copy(graphs: dict[str, OpGraph]) -> None:
+    g = graphs["fp16_master"]
+    updates = np.flatnonzero(g.phase == UPDATE).tolist()
+    assert sorted({g.targets[v] for v in updates}) == ["aten.add.Tensor"]  # no separate unscale kernel
+    bn = {g.param_names.index(n) for n in ("bn.weight", "bn.bias")}
+    for p, u in enumerate(g.update_node.tolist()):
+        if u < 0:
+            continue
+        assert first_dtype(g, u) == "float32"  # the update runs on the master
+        if p not in bn:  # its gradient is the FP16 gradient copied to FP32 (the cast's backward)
+            feeding = [s for s in g.predecessors(u).tolist() if g.targets[s] == "aten._to_copy.default"]
+            assert feeding and first_dtype(g, feeding[0]) == "float32"
+    # the loss is scaled once before the backward pass, as under amp_fp16
+    def loss_muls(h: OpGraph) -> int:
+        return sum(1 for v, t in enumerate(h.targets) if t == "aten.mul.Tensor" and h.phase[v] != UPDATE
+                   and h.layer_names[h.layer[v]] == "loss")
+    assert loss_muls(g) == loss_muls(graphs["amp_fp16"]) == loss_muls(graphs["amp_bf16"]) + 2
+
+
+def test_fp16_master_moves_half_the_bytes_of_autocasts_fp32_ops(graphs: dict[str, OpGraph]) -> None:
+    """Autocast (O1) runs softmax and log-softmax in FP32 on FP16 inputs cast up; O2's FP16 model
+    runs them in FP16: exactly half the bytes, and no cast of an activation before them."""
+    o1, o2 = graphs["amp_fp16"], graphs["fp16_master"]
+    for target in ("aten._softmax.default", "aten._log_softmax.default"):
+        v1, v2 = nodes_of(o1, target, "model")[0], nodes_of(o2, target, "model")[0]
+        assert o1.work_bytes[v1] == 2 * o2.work_bytes[v2], target
+
+    def activation_casts(h: OpGraph) -> list[int]:
+        return [v for v in nodes_of(h, "aten._to_copy.default") if h.phase[v] == FORWARD and not len(h.params_of(v))]
+    assert [o2.layer_names[o2.layer[v]] for v in activation_casts(o2)] == ["loss"]  # the logits, to FP32
+    assert len(activation_casts(o1)) > 1
+
+
+def test_fp16_master_layer_graph_is_its_fp16_model(lenet_source: Any) -> None:
+    lg = lenet_source.layer_graph(precision="fp16_master")
+    assert lg.meta["dtype"] == "float16" and lg.meta["precision"] == "fp16_master"
+    np.testing.assert_array_equal(lg.param_bytes, lenet_source.layer_graph(precision="fp16").param_bytes)
+
+
+def test_fp16_master_transformer_block_runs_its_kernels_in_fp16() -> None:
+    """On a transformer's stack graph an FP16 model with FP32 masters runs the kernels of
+    amp_fp16 (FP16 GEMMs, 2-byte activations; Megatron-LM's --fp16), not FP32 ones."""
+    from harness.core.llm.block_work import block_work
+    from harness.core.llm.shard import Shard
+    from harness.core.llm.spec import TransformerSpec
+
+    spec = TransformerSpec("t", 2, 256, 8, 8, 1024, False, 128, 1000, False)
+    o1, o2 = (block_work(spec, 128, p, Shard(tp=2, micro_batch=2), False) for p in ("amp_fp16", "fp16_master"))
+    for phase in ("fwd", "bwd_input", "bwd_weight"):
+        a, b = getattr(o1, phase), getattr(o2, phase)
+        np.testing.assert_array_equal(a.dims, b.dims)
+        assert set(b.math.tolist()) == {FP16} and a.math.tolist() == b.math.tolist()
+    assert o1.stored_bytes == o2.stored_bytes
+
+
+# ---------------------------------------------------------------------------- amp_fp8's scope
+def test_amp_fp8_is_refused_on_operator_and_layer_graphs(lenet_source: Any) -> None:
+    with pytest.raises(CaptureError, match="stack graph") as e:
+        capture(Net, INPUTS, LABEL, batch_size=2, name="net", precision="amp_fp8")
+    assert "precision=amp_bf16" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(CaptureError, match="stack graph"):
+        lenet_source.layer_graph(precision="amp_fp8")
+    with pytest.raises(CaptureError, match="stack graph"):
+        lenet_source.stack_graph(precision="amp_fp8")
+
+
+def test_check_device_refuses_fp8_without_fp8_tensor_cores() -> None:
+    a100 = {"float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12}
+    h100 = {**a100, "float8": 1978.9e12}
+    with pytest.raises(PrecisionError, match="A100-SXM4-80GB has no float8 peak") as e:
+        Precision("amp_fp8").check_device("A100-SXM4-80GB", a100)
+    assert "precision=amp_bf16" in str(e.value)
+    Precision("amp_fp8").check_device("H100-SXM5-80GB", h100)
+    for p in OP_PRECISIONS:  # nothing else needs FP8 units
+        Precision(p).check_device("A100-SXM4-80GB", a100)
 
 
 @pytest.mark.parametrize("prec, half, math", [("fp16", "float16", FP16), ("bf16", "bfloat16", BF16)])
@@ -294,7 +409,7 @@ def test_fp32_and_tf32_math_of_kernel_rows(graphs: dict[str, OpGraph]) -> None:
 
 
 def test_batch_probe_aligns_under_amp(graphs: dict[str, OpGraph]) -> None:
-    for prec in PRECISIONS:
+    for prec in OP_PRECISIONS:
         g = graphs[prec]
         assert g.meta["batch_probe"] is True, prec
         kt = g.kernels
@@ -381,6 +496,9 @@ def test_math_peak_and_node_peaks() -> None:
     assert math_peak(h100, TF32) == 494.7e12
     assert math_peak(h100, BF16) == 989.4e12
     assert math_peak(h100, FP32) == math_peak(h100, FP64) == math_peak(h100, INT) == 67e12
+    assert math_peak(h100, FP8) == 67e12  # no float8 entry: the FP32 rate (check_device refuses amp_fp8 there)
+    h100_fp8 = DeviceSpec("H100", {**h100.peak_flops, "float8": 1978.9e12}, 3350e9, 80 << 30)
+    assert math_peak(h100_fp8, FP8) == 1978.9e12
     # a node takes the math of its most FLOP-heavy kernel: a conv backward whose bias row is FP32
     geo = [4, 8, 8, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1]
     kt = KernelTable([0, 0, 1], [2, MEM, GEMM], [geo, [100] + [0] * (NCOLS - 1), [1, 8, 8, 8] + [0] * 10],

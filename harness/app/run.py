@@ -302,7 +302,7 @@ def pick_graph_kind(algo: Any, source: Any) -> str:
             "stack": "a stack graph (a transformer by its shape, model=llm and its presets, or a zoo CNN's layers in order)"}
     need = " or ".join(what.get(k, k) for k in wanted)
     by = {"op": "algorithms that place operators (algo=m_topo, heft, fddps, ...)", "layer": "layer-graph searches (algo=optcnn, pase, ...)",
-          "stack": "the stack algorithms (algo=megatron, fsdp, data_parallel)"}
+          "stack": "the stack algorithms (algo=megatron, fsdp, data_parallel, hybrid_search)"}
     raise UserError(f"algo={getattr(algo, 'name', '?')} plans on {need}, and model {getattr(source, 'name', '?')!r} "
                     f"({type(source).__name__}) gives {', '.join(given)} graphs only: plan it with {' or '.join(by.get(k, k) for k in given)}")
 

@@ -72,6 +72,9 @@ def format_summary(row: dict[str, Any], about: dict[str, str] | None = None) -> 
     out = [f"{k:<{w}}  {v}" for k, v in lines]
     for warning in row.get("warnings", []):  # harness.app.result_checks: flagged inputs, a search beaten by a baseline
         out += textwrap.wrap(warning, width=100, initial_indent=f"{'WARNING':<{w}}  ", subsequent_indent=" " * (w + 2))
+    searched = search_table(row)
+    if searched:
+        out += ["", *searched]
     table = reference_table(row)
     if table:
         out += ["", *table]
@@ -109,6 +112,31 @@ def stack_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
     peak = row.get("peak_memory_max_bytes", max(row["peak_memory_bytes"]))
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in (row.get("memory_breakdown") or {}).items() if v)
     out.append(("memory per GPU", f"{format_bytes(peak)} of {format_bytes(cap)}" + (f": {parts}" if parts else "")))
+    return out
+
+
+def search_table(row: dict[str, Any]) -> list[str]:
+    """A plan search's answer (``algo_info`` with ``top_k`` and ``baseline``, algo=hybrid_search)
+    beside its runner-up and the hand-tuned plan it was seeded with: step, where the time goes,
+    and what the search did (candidates, pruned by memory and by bound, simulated, complete)."""
+    info = row.get("algo_info") or {}
+    top, base = info.get("top_k") or [], info.get("baseline")
+    if not top or not base:
+        return []
+    rows = [("chosen", top[0]), *([("runner-up", info["runner_up"])] if info.get("runner_up") else []), ("baseline", base)]
+    out = [f"{'search':<10}  {info.get('candidates_total', 0):,} candidates: {info.get('pruned_by_memory', 0):,} pruned by memory, "
+           f"{info.get('pruned_by_bound', 0):,} by bound, {info.get('simulated', 0)} simulated; "
+           + ("complete (exact over the space)" if info.get("search_complete") else "CUT SHORT by algo.budget_s (the best found)")]
+    for name, e in rows:
+        split = ", ".join(f"{k} {format_seconds(v)}" for k, v in (e.get("time_split_s") or {}).items() if v > 0)
+        step = format_seconds(e["step_time_s"]) + (" OOM" if e.get("oom") else "")
+        out.append(f"{name:<10}  {step:>12}  {plan_line(e['plan'], e.get('micro_batches'))}")
+        if split:
+            out.append(f"{'':<10}  {'':>12}  time: {split}")
+    if base.get("source"):
+        out.append(f"{'':<10}  {'':>12}  baseline: {base['source']}")
+    if (info.get("intra_stage") or {}).get("reason"):
+        out += textwrap.wrap(f"intra-stage: {info['intra_stage']['reason']}", width=100, initial_indent=" " * 26, subsequent_indent=" " * 26)
     return out
 
 

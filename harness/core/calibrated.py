@@ -1,42 +1,51 @@
 """The calibrated cost model (``costs=calibrated``, the default): kernel times fitted to real GPUs.
 
 Every kernel of a node (:class:`harness.core.kernels.KernelTable`) is costed by the model
-:mod:`harness.app.kernel_fit` fitted to DeepBench's measurements for its class (GEMM, the three
-convolution passes, recurrent-cell GEMMs), device and precision, and a node takes the sum of
-its kernels.  Which fit a device uses is configured per device kind (``conf/costs/calibrated.yaml``):
+:mod:`harness.app.kernel_fit` fitted to real measurements of its class, device and precision,
+and a node takes the sum of its kernels.  Which measured GPU a device is calibrated against is
+configured per device kind (``conf/costs/calibrated.yaml``, ``costs.devices.<kind>.ref``):
 
-* a measured device (P100, V100) uses its own fits, relative to its own peak;
-* a device without kernel measurements (A100, H100) is **extrapolated** from the V100's fits
-  (the newest GPU DeepBench measured) by a documented transfer rule: the same efficiency
-  curves, with the tensor-core fits for TF32 / FP16 / BF16 math and the CUDA-core FP32 fits
-  for FP32, each kernel's dims divided by ``kappa = (P / BW) / (P_ref / BW_ref)`` - the ratio
-  of the device's compute-to-bandwidth balance to the reference's - before the curves are
-  read: a GPU whose peak grew faster than its memory bandwidth needs proportionally larger
-  problems to reach the same fraction of its peak.  Every figure from such a device is
-  labelled ``extrapolated`` in :meth:`CalibratedCostModel.report`.  The same rule reads the
-  curves for every device: ``kappa`` is 1 for the boards DeepBench measured and near it for
-  their other boards (0.88 for a PCIe P100, whose lower clock makes it less compute-bound);
+* P100 and V100: DeepBench's kernels (GEMM, the three convolution passes, recurrent-cell GEMMs);
+* A100 and H100: their own measurements (``harness/data/gpu/a100_h100/``): GEMMs by precision
+  (TF32, FP16, BF16, FP32 on the A100; TF32, BF16 and FP8 on the H100, whose FP16 GEMMs read
+  the BF16 fit), FlashAttention-2 forward and backward (``ATTN`` rows), and memory-bound
+  kernels at the fraction of the datasheet bandwidth gpu-stream's read-and-write kernels reach,
+  plus the measured back-to-back launch interval; a board of a family (A100 40 / 80 GB, H100
+  SXM5 80 / 96 GB, H200) reads the family's efficiencies relative to its own peaks and
+  bandwidth;
+* what a device's measured GPU lacks is read from another's fits by a documented transfer rule
+  (:data:`harness.core.kernel_model.MATH_FITS`, ``FALLBACK``): the A100 / H100 convolutions and
+  recurrent cells from the V100's, the H100's FP32 (CUDA-core) GEMMs from the A100's, and a
+  device configured ``extrapolated`` (no measurements of its own) from its ``ref``'s.  The
+  same efficiency curves, each kernel's dims divided by ``kappa = (P / BW) / (P_ref / BW_ref)``
+  - the ratio of the device's compute-to-bandwidth balance to the measured board's - before the
+  curves are read: a GPU whose peak grew faster than its memory bandwidth needs proportionally
+  larger problems to reach the same fraction of its peak.  Every such figure is labelled
+  ``extrapolated`` in :meth:`CalibratedCostModel.report`.  The rule reads every device's GEMM
+  and convolution curves (``kappa`` is 1 on a measured board and near it for its other boards:
+  0.88 for a PCIe P100); the attention curves are read at the kernel's own lengths;
 * a device not in the table (a CPU) is costed by the analytical roofline, and says so.
 
-Math mode to fit (``harness.core.precision.MATH``): FP32 runs on CUDA cores; TF32, FP16, BF16 on
-tensor cores where the device has them (a ``tf32`` / ``float16`` / ``bfloat16`` peak and a
-tensor-core fit), else like FP32 - P100 AMP kernels are DeepBench's ``fp16_pseudo`` (FP16
-data, FP32 math) at the FP32 peak, and BF16 on a V100 runs at FP32 speed.
+Math mode to fit: FP32 runs on CUDA cores; TF32, FP16, BF16, FP8 on tensor cores where the
+device has them (a ``tf32`` / ``float16`` / ``bfloat16`` / ``float8`` peak), else like FP32 -
+P100 AMP kernels are DeepBench's ``fp16_pseudo`` (FP16 data, FP32 math) at the FP32 peak, and
+BF16 on a V100 runs at FP32 speed; an FP8 kernel on a device without FP8 is an error.
 
-Memory-bound kernels (DeepBench has none) keep the roofline's reading: ``launch + bytes /
-(mem_efficiency x bandwidth)``, with the bytes of multi-pass kernels (batch norm, softmax,
-layer norm) counted per pass.  Fused attention kernels (``ATTN`` rows of a transformer block,
-:mod:`harness.core.llm.work`; DeepBench measured none) are the analytical roofline's too, at its
-``attention`` efficiency (:meth:`kernel_times`).  All-reduce: NCCL's ring fitted to DeepBench's measured
-all-reduces (:func:`harness.app.kernel_fit.allreduce_fit`), ``2(p-1) alpha + 2(p-1)/p bytes /
-(eta B)`` with ``B`` the cluster's ring bandwidth (:meth:`harness.core.cluster.Cluster.ring_bandwidth`)
-and ``alpha``, ``eta`` of the measured group size nearest below (one host) or of the
-two-host fit (several hosts): extrapolated on every cluster but DeepBench's own.
+Memory-bound kernels on a device without bandwidth measurements (P100, V100) keep the
+roofline's reading: ``launch + bytes / (mem_efficiency x bandwidth)``, with the bytes of
+multi-pass kernels (batch norm, softmax, layer norm) counted per pass; attention there is the
+analytical roofline's, at its ``attention`` efficiency.  All-reduce: NCCL's ring fitted to
+DeepBench's measured all-reduces (:func:`harness.app.kernel_fit.allreduce_fit`), ``2(p-1) alpha
++ 2(p-1)/p bytes / (eta B)`` with ``B`` the cluster's ring bandwidth
+(:meth:`harness.core.cluster.Cluster.ring_bandwidth`) and ``alpha``, ``eta`` of the measured group
+size nearest below (one host) or of the two-host fit (several hosts): extrapolated on every
+cluster but DeepBench's own.
 
 Its figures are checked when it is built: the roofline's as :func:`harness.core.costs.check_roofline`
 (``costs.efficiency.*``, ``costs.mem_efficiency``, ``costs.launch_us``, ``costs.sync``), each
-``costs.devices.<kind>`` entry a mapping of ``ref`` (a measured GPU) and ``extrapolated``; a
-bad one is an error naming its key.
+``costs.devices.<kind>`` entry a mapping of ``ref`` (a measured GPU), ``extrapolated`` and
+``memory`` (whose bandwidth measurements its memory-bound kernels read; ``ref``'s by default);
+a bad one is an error naming its key.
 """
 
 from __future__ import annotations
@@ -52,19 +61,19 @@ from harness.core.cluster import Cluster, DeviceSpec
 from harness.core.costs import AnalyticalCostModel, affine_bytes, node_memory, refuse_unknown, with_measured
 from harness.core.errors import UserError
 from harness.core.graph import OpGraph
-from harness.core.kernel_model import CLASSES, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, conv_flags, load_table
+from harness.core.kernel_model import (
+    MATH_FITS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, attention_features, conv_flags, fit_source,
+    load_table,
+)
 from harness.core.kernels import ATTN, CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, GEMM, MEM, KernelTable
-from harness.core.precision import BF16, FP16, TF32
+from harness.core.precision import MATH
 
 if TYPE_CHECKING:
     from harness.core.layergraph import LayerGraph
 
-#: per measured GPU: its CUDA-core fit, its FP16 fit (and the peak key that fit is relative
-#: to), its tensor-core fit (None: no tensor cores)
-REFERENCES: dict[str, dict[str, Any]] = {
-    "P100": {"cuda": "fp32", "half": ("fp16_pseudo", "float32"), "tensor": None},
-    "V100": {"cuda": "fp32", "half": ("fp16_mixed", "float16"), "tensor": "fp16_mixed"},
-}
+#: the class of each kernel kind (:data:`harness.core.kernels.KINDS`; memory-bound rows have none)
+KIND_CLASS: dict[int, str] = {GEMM: "gemm", CONV_FWD: "conv_fwd", CONV_BWD_DATA: "conv_bwd_data",
+                              CONV_BWD_FILTER: "conv_bwd_filter", ATTN: "attention"}
 
 
 class CalibrationError(UserError, ValueError):
@@ -72,34 +81,39 @@ class CalibrationError(UserError, ValueError):
 
 
 #: the keys of a ``costs.devices.<kind>`` entry
-DEVICE_ENTRY_KEYS: tuple[str, ...] = ("ref", "extrapolated")
+DEVICE_ENTRY_KEYS: tuple[str, ...] = ("ref", "extrapolated", "memory")
 
 
-def _device_entry(entry: Any, key: str) -> dict[str, Any]:
+def _device_entry(entry: Any, key: str, memory: Mapping[str, Any]) -> dict[str, Any]:
     """A ``costs.devices.<kind>`` entry, checked: a mapping of :data:`DEVICE_ENTRY_KEYS` whose
-    ``ref`` names a measured GPU of :data:`REFERENCES`."""
+    ``ref`` names a measured GPU of :data:`harness.core.kernel_model.MATH_FITS` and whose
+    ``memory``, if given, a bandwidth fit of the table."""
+    refs = " | ".join(MATH_FITS)
     if not isinstance(entry, Mapping):
-        raise CalibrationError(f"{key} must be a mapping {{ref: {' | '.join(REFERENCES)}, extrapolated: true | false}}, got {entry!r}")
+        raise CalibrationError(f"{key} must be a mapping {{ref: {refs}, extrapolated: true | false}}, got {entry!r}")
     unknown = [str(k) for k in entry if k not in DEVICE_ENTRY_KEYS]
     if unknown:
         raise CalibrationError(f"{key}.{unknown[0]} is not a key of a calibrated device: it takes {', '.join(DEVICE_ENTRY_KEYS)}")
-    if entry.get("ref") not in REFERENCES:
-        raise CalibrationError(f"{key}.ref must be one of {', '.join(REFERENCES)}, got {entry.get('ref')!r}")
+    if entry.get("ref") not in MATH_FITS:
+        raise CalibrationError(f"{key}.ref must be one of {', '.join(MATH_FITS)}, got {entry.get('ref')!r}")
+    if "memory" in entry and entry["memory"] not in memory:
+        raise CalibrationError(f"{key}.memory must be one of {', '.join(memory) or '(none in the table)'}, got {entry['memory']!r}")
     return dict(entry)
 
 
 @dataclass(frozen=True)
-class _Fit:
-    """What costs one math mode on one device: the fitted models, the peak, the size scale."""
+class _ClassFit:
+    """What costs one class of one math mode on one device: the fitted model, the peak, the
+    size scale and the label the report gives it."""
 
-    models: dict[str, KernelModel]
+    model: KernelModel
     peak: float
     kappa: float
-    label: str  # e.g. "V100/fp16_mixed at float16 peak (extrapolated)"
+    label: str  # e.g. "V100/fp16_mixed conv_fwd at the float16 peak (extrapolated)"
 
 
 class CalibratedCostModel:
-    """Kernel times from the DeepBench fits (see the module docstring)."""
+    """Kernel times from the measured kernel fits (see the module docstring)."""
 
     def __init__(
         self,
@@ -119,10 +133,13 @@ class CalibratedCostModel:
         self.sync = sync
         self.table_path = Path(table) if table else TABLE
         self.table = load_table(self.table_path)
-        self.devices = {str(k): _device_entry(v, f"costs.devices.{k}") for k, v in devices.items()}
+        memory = self.table.get("memory", {})
+        self.devices = {str(k): _device_entry(v, f"costs.devices.{k}", memory) for k, v in devices.items()}
         self.mem_eff = float(mem_efficiency)
         self.launch = float(launch_us) * 1e-6
-        self._fits: dict[tuple[str, int], _Fit] = {}
+        self.efficiency = dict(efficiency or {})
+        self._fits: dict[tuple[str, str, str], _ClassFit | None] = {}
+        self._rooflines: dict[str, AnalyticalCostModel] = {}
         self._times: "weakref.WeakKeyDictionary[Any, dict[tuple[str, float], np.ndarray]]" = weakref.WeakKeyDictionary()
         self._used: dict[str, set[str]] = {}
 
@@ -131,27 +148,47 @@ class CalibratedCostModel:
         """Is this device kind costed from the kernel fits (else by the roofline)?"""
         return kind in self.devices
 
-    def _fit(self, spec: DeviceSpec, math: int) -> _Fit:
-        key = (spec.kind, int(math))
+    def _memory_fit(self, kind: str) -> dict[str, Any] | None:
+        """The bandwidth fit a device kind's memory-bound kernels read (None: the roofline's figures)."""
+        cfg = self.devices[kind]
+        return self.table.get("memory", {}).get(cfg.get("memory", cfg["ref"]))
+
+    def _roofline(self, spec: DeviceSpec) -> AnalyticalCostModel:
+        """The roofline of a device kind: at its measured bandwidth fraction and launch interval
+        where its memory is measured, else the configured ``mem_efficiency`` and ``launch_us``."""
+        mem = self._memory_fit(spec.kind) if self.calibrated(spec.kind) else None
+        if mem is None:
+            return self.analytical
+        if spec.kind not in self._rooflines:
+            self._rooflines[spec.kind] = AnalyticalCostModel(
+                self.cluster, efficiency=self.efficiency, mem_efficiency=min(float(mem["bw_fraction"]), 1.0),
+                launch_us=float(mem["launch_us"]), sync=self.sync)
+        return self._rooflines[spec.kind]
+
+    def _fit(self, spec: DeviceSpec, math: int, cls: str) -> _ClassFit | None:
+        """The fit of class ``cls`` for kernels of math mode ``math`` on ``spec`` (None: no
+        measured GPU has that class - the roofline's)."""
+        name = MATH[int(math)]
+        key = (spec.kind, name, cls)
         if key not in self._fits:
             cfg = self.devices[spec.kind]
-            ref = REFERENCES[cfg["ref"]]
-            extrapolated = bool(cfg.get("extrapolated", False))
-            tensor_key = {TF32: "tf32", FP16: "float16", BF16: "bfloat16"}.get(int(math))
-            if tensor_key and ref["tensor"] and tensor_key in spec.peak_flops:
-                prec, peak_key = ref["tensor"], tensor_key
-            elif int(math) == FP16:
-                prec, peak_key = ref["half"]
-            else:
-                prec, peak_key = ref["cuda"], "float32"
-            fits = self.table["kernels"].get(cfg["ref"], {}).get(prec)
-            if not fits:
-                raise CalibrationError(f"the calibration table has no {cfg['ref']}/{prec} fits: run python -m harness.kernel_fit --write")
-            peak = spec.peak_flops.get(peak_key, spec.peak_flops["float32"])
-            ref_peak = REFERENCE_PEAK_TFLOPS[(cfg["ref"], prec)] * 1e12
-            kappa = (peak / spec.mem_bw) / (ref_peak / (REFERENCE_MEM_BW_GBPS[cfg["ref"]] * 1e9))
-            label = f"{cfg['ref']}/{prec} at the {peak_key} peak" + (" (extrapolated)" if extrapolated else "")
-            self._fits[key] = _Fit({c: KernelModel.from_dict(v) for c, v in fits.items()}, float(peak), float(kappa), label)
+            if name == "fp8" and "float8" not in spec.peak_flops:
+                raise CalibrationError(f"an FP8 kernel on {spec.kind}, which has no FP8 tensor cores (no peak_tflops.float8): "
+                                       "use precision=amp_bf16 there")
+            src = fit_source(self.table, cfg["ref"], spec.peak_flops, name, cls)
+            if src is None:
+                self._fits[key] = None
+                return None
+            gpu, prec, peak_key, transferred = src
+            peak = float(spec.peak_flops[peak_key])
+            kappa = 1.0
+            if cls != "attention":
+                ref_peak = REFERENCE_PEAK_TFLOPS[(gpu, prec)] * 1e12
+                kappa = (peak / spec.mem_bw) / (ref_peak / (REFERENCE_MEM_BW_GBPS[gpu] * 1e9))
+            what = "attention (FlashAttention-2)" if cls == "attention" else cls
+            label = f"{gpu}/{prec} {what} at the {peak_key} peak" + (
+                " (extrapolated)" if transferred or cfg.get("extrapolated", False) else "")
+            self._fits[key] = _ClassFit(KernelModel.from_dict(self.table["kernels"][gpu][prec][cls]), peak, float(kappa), label)
         return self._fits[key]
 
     # ------------------------------------------------------------------ compute
@@ -161,7 +198,7 @@ class CalibratedCostModel:
         if not self.calibrated(spec.kind) or kernels is None:
             self._used.setdefault(spec.kind, set()).add(
                 "analytical roofline" + ("" if self.calibrated(spec.kind) else " (no kernel fit for this device)"))
-            return self.analytical.node_times(graph, device, fraction)
+            return self._roofline(spec).node_times(graph, device, fraction)
         per_graph = self._times.setdefault(graph, {})
         key = (spec.kind, float(fraction))
         if key not in per_graph:  # a node the graph has a measured time for takes it (with_measured)
@@ -173,28 +210,46 @@ class CalibratedCostModel:
                            device: int = 0) -> np.ndarray:
         dims = kt.with_fraction(fraction)
         t = np.zeros(len(kt))
+        used = self._used.setdefault(spec.kind, set())
         mem = kt.kind == MEM
-        t[mem] = self.launch + dims[mem, 0] / (spec.mem_bw * self.mem_eff)
-        attn = kt.kind == ATTN  # no fit: the roofline's (see the module docstring)
-        if attn.any():
-            rows = np.flatnonzero(attn)
+        if mem.any():
+            m = self._memory_fit(spec.kind)
+            if m is None:
+                t[mem] = self.launch + dims[mem, 0] / (spec.mem_bw * self.mem_eff)
+            else:
+                t[mem] = float(m["launch_us"]) * 1e-6 + dims[mem, 0] / (spec.mem_bw * float(m["bw_fraction"]))
+                used.add(f"{self.devices[spec.kind].get('memory', self.devices[spec.kind]['ref'])} memory-bound: "
+                         f"{float(m['bw_fraction']):.3f} of {spec.mem_bw / 1e9:.0f} GB/s, launch {float(m['launch_us']):.2f} us")
+        flops = kt.flops(dims)
+        roofline = np.zeros(len(kt), dtype=bool)
+        for math in sorted(set(kt.math[~mem].tolist())):
+            for kind in sorted(set(kt.kind[~mem & (kt.math == math)].tolist())):
+                sel = ~mem & (kt.math == math) & (kt.kind == kind)
+                rnn = sel & kt.rnn if kind == GEMM else np.zeros_like(sel)
+                for part, cls in ((sel & ~rnn, KIND_CLASS[kind]), (rnn, "rnn")):
+                    if not part.any():
+                        continue
+                    fit = self._fit(spec, math, cls)
+                    if fit is None and cls == "rnn":  # no recurrent-cell fit: a plain GEMM
+                        fit = self._fit(spec, math, "gemm")
+                    if fit is None:
+                        roofline |= part
+                        continue
+                    used.add(fit.label)
+                    t[part] = self._class_rows(fit, kind, dims[part], flops[part], kt)
+        if roofline.any():  # a class no measured GPU has (attention on a P100 / V100): the roofline's
+            rows = np.flatnonzero(roofline)
             scaled = KernelTable(np.zeros(len(rows)), kt.kind[rows], dims[rows].astype(np.int64), kt.bdim[rows], kt.math[rows],
                                  kt.rnn[rows])
-            t[attn] = self.analytical.kernel_row_times(scaled, device)
-            self._used.setdefault(spec.kind, set()).add("analytical roofline (attention kernels)")
-        flops = kt.flops(dims)
-        fitted = ~mem & ~attn
-        for math in sorted(set(kt.math[fitted].tolist())):
-            fit = self._fit(spec, math)
-            self._used.setdefault(spec.kind, set()).add(fit.label)
-            sel = (kt.math == math) & fitted
-            t[sel] = self._compute_rows(fit, kt.kind[sel], dims[sel], flops[sel], kt.rnn[sel], kt)
+            t[roofline] = self._roofline(spec).kernel_row_times(scaled, device)
+            used.add("analytical roofline (" + ", ".join(sorted({KIND_CLASS[int(k)] for k in kt.kind[roofline]})) + " kernels)")
         return np.bincount(kt.node, weights=t, minlength=n)
 
     def kernel_times(self, kernels: KernelTable, device: int, num_nodes: int = 1) -> np.ndarray:
-        """Seconds per node of a kernel table (each row whole): GEMM and convolution rows by the
-        fits, attention and memory-bound rows by the roofline; a device without fits entirely by
-        the roofline (:meth:`harness.core.costs.AnalyticalCostModel.kernel_times`)."""
+        """Seconds per node of a kernel table (each row whole): every row by the fit of its class
+        (GEMM, convolution passes, attention) or the measured bandwidth (memory-bound rows), the
+        roofline where no fit applies; a device without fits entirely by the roofline
+        (:meth:`harness.core.costs.AnalyticalCostModel.kernel_times`)."""
         spec = self.cluster.devices[device].spec
         if not self.calibrated(spec.kind):
             self._used.setdefault(spec.kind, set()).add("analytical roofline (no kernel fit for this device)")
@@ -204,30 +259,31 @@ class CalibratedCostModel:
         return self._kernel_node_times(num_nodes, kernels, spec, 1.0, device)
 
     @staticmethod
-    def _gemm_dims(kind: np.ndarray, d: np.ndarray, kt: KernelTable) -> np.ndarray:
-        """Per row, the (m, n, k) the fitted curves read: a GEMM's own (batch folded into m),
-        or the implicit GEMM of a convolution pass."""
+    def _gemm_dims(kind: int, d: np.ndarray, kt: KernelTable) -> np.ndarray:
+        """Per row of one kind, the (m, n, k) the fitted curves read: a GEMM's own (batch folded
+        into m), or the implicit GEMM of a convolution pass."""
+        if kind == GEMM:
+            return np.stack([d[:, 0] * d[:, 1], d[:, 2], d[:, 3]], axis=1)
         p, q = kt.conv_out(d)
         n_, c, h, w, k, r, s, g = d[:, 0], d[:, 1], d[:, 2], d[:, 3], d[:, 4], d[:, 5], d[:, 6], np.maximum(d[:, 13], 1)
         crs = c / g * r * s
-        out = np.stack([d[:, 0] * d[:, 1], d[:, 2], d[:, 3]], axis=1)  # GEMM rows: batch*m, n, k
-        fwd, bdata, bfilt = kind == CONV_FWD, kind == CONV_BWD_DATA, kind == CONV_BWD_FILTER
-        out[fwd] = np.stack([n_ * p * q, k, crs], axis=1)[fwd]
-        out[bdata] = np.stack([n_ * h * w, c, k / g * r * s], axis=1)[bdata]
-        out[bfilt] = np.stack([k, crs, n_ * p * q], axis=1)[bfilt]
-        return out
+        if kind == CONV_FWD:
+            return np.stack([n_ * p * q, k, crs], axis=1)
+        if kind == CONV_BWD_DATA:
+            return np.stack([n_ * h * w, c, k / g * r * s], axis=1)
+        return np.stack([k, crs, n_ * p * q], axis=1)
 
-    def _compute_rows(self, fit: _Fit, kind: np.ndarray, dims: np.ndarray, flops: np.ndarray, rnn: np.ndarray,
-                      kt: KernelTable) -> np.ndarray:
+    def _class_rows(self, fit: _ClassFit, kind: int, dims: np.ndarray, flops: np.ndarray, kt: KernelTable) -> np.ndarray:
+        """Seconds of rows of one kind by one class fit: GEMM-like rows at their (m, n, k) over
+        ``kappa`` (convolutions with their filter flags), attention rows at their lengths and
+        head size (:func:`harness.core.kernel_model.attention_features`)."""
+        model = fit.model
+        if kind == ATTN:
+            gd, flags = attention_features(dims[:, 1], dims[:, 2], dims[:, 3], dims[:, 4], dims[:, 5])
+            return model.time(gd, flops, fit.peak, flags if model.flag_log.size else None)
         gd = self._gemm_dims(kind, dims, kt) / fit.kappa
-        flags = conv_flags(dims[:, 5], dims[:, 6], dims[:, 7], dims[:, 8], dims[:, 1])
-        out = np.zeros(len(kind))
-        classes = np.where(kind == GEMM, np.where(rnn & ("rnn" in fit.models), 4, 0), kind).astype(np.int64)
-        for c in sorted(set(classes.tolist())):
-            sel = classes == c
-            model = fit.models[CLASSES[c]]
-            out[sel] = model.time(gd[sel], flops[sel], fit.peak, flags[sel] if model.flag_log.size else None)
-        return out
+        flags = conv_flags(dims[:, 5], dims[:, 6], dims[:, 7], dims[:, 8], dims[:, 1]) if model.flag_log.size else None
+        return model.time(gd, flops, fit.peak, flags)
 
     def compute_time(self, graph: OpGraph, node: int, device: int, fraction: float = 1.0) -> float:
         return float(self.node_times(graph, device, fraction)[node])
@@ -274,7 +330,7 @@ class CalibratedCostModel:
         fwd_k, bwd_k = _layer_kernels(lgraph)
         idx = np.arange(lgraph.num_nodes) if nodes is None else np.asarray(nodes)
         frac = np.broadcast_to(np.asarray(fraction, dtype=np.float64), (len(idx),))
-        a_fwd, a_bwd = self.analytical.layer_times(lgraph, device, frac, idx)
+        a_fwd, a_bwd = self._roofline(spec).layer_times(lgraph, device, frac, idx)
         out = []
         for kt, base in ((fwd_k, a_fwd), (bwd_k, a_bwd)):
             res = base.copy()

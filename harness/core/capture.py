@@ -34,7 +34,7 @@ from harness.core.fx_graph import ProbeRecord, tensors_of, to_opgraph
 from harness.core.graph import GraphError, OpGraph
 from harness.core.graph_rewrites import coarsen_runs
 from harness.core.kernels import GEMM_TARGETS
-from harness.core.precision import LOSS_SCALE, Precision, cuda_autocast
+from harness.core.precision import LOSS_SCALE, Precision, cuda_autocast, fp8_scope
 
 #: ``graph.granularity``: as traced, through the core-aten decompositions, or runs of one module contracted
 GRANULARITIES: tuple[str, ...] = ("aten", "core_aten", "layer")
@@ -135,12 +135,21 @@ def _make_step(module: Any, loss: str, lr: float, optimizer: str, ann: "_Annotat
 
     Under AMP the forward pass and the loss run under CUDA autocast's rules
     (:func:`harness.core.precision.cuda_autocast`); ``amp_fp16`` also scales the loss before the
-    backward pass and unscales each gradient before its update (``GradScaler``)."""
+    backward pass and unscales each gradient before its update (``GradScaler``).  Under
+    ``fp16_master`` the step first casts the FP32 master weights into the FP16 model (but batch
+    norm's), runs the model in FP16 and the loss on FP32 logits, and scales the loss; the
+    gradients reach the masters through the casts' backward (the FP16 -> FP32 copy, into which
+    apex folds the unscaling: no separate unscale kernel)."""
     import torch
 
     loss_fn = _loss_fn(loss)
     set_meta = ann._set if ann is not None else (lambda layer, phase: None)
     amp = precision.autocast_dtype
+    model_dtype = getattr(torch, precision.model_dtype)
+    fp32_params = _batch_norm_params(module) if precision.master_copy else set()
+
+    def to_float(t: Any) -> Any:
+        return t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
     def forward(ps: dict[str, Any], buffers: dict[str, Any], xs: list[Any], y: Any) -> tuple[Any, Any]:
         if ann is not None:
@@ -149,13 +158,27 @@ def _make_step(module: Any, loss: str, lr: float, optimizer: str, ann: "_Annotat
         else:
             out = torch.func.functional_call(module, {**ps, **buffers}, tuple(xs))
         set_meta("loss", "forward")
+        if precision.master_copy:  # the loss on FP32 logits (fairseq's and GNMT's log_softmax(..., dtype=float32))
+            return out, loss_fn(to_float(out), to_float(y))
         return out, loss_fn(out, y)
+
+    def model_copy(ps: dict[str, Any]) -> dict[str, Any]:
+        """The FP16 model's weights from the FP32 masters (``fp16_master``), each cast in its layer."""
+        out = {}
+        for name, p in ps.items():
+            if p.is_floating_point() and name not in fp32_params:
+                set_meta(name.rsplit(".", 1)[0] if "." in name else "model", "forward")
+                p = p.to(model_dtype)
+            out[name] = p
+        return out
 
     def step(params: dict[str, Any], buffers: dict[str, Any], xs: list[Any], y: Any) -> Any:
         ps = {k: v.requires_grad_(True) if v.is_floating_point() else v for k, v in params.items()}
         if amp is not None:
             with cuda_autocast(amp):
                 out, lval = forward(ps, buffers, xs, y)
+        elif precision.master_copy:
+            out, lval = forward(model_copy(ps), buffers, xs, y)
         else:
             out, lval = forward(ps, buffers, xs, y)
         if ann is not None:
@@ -167,13 +190,21 @@ def _make_step(module: Any, loss: str, lr: float, optimizer: str, ann: "_Annotat
         with torch.no_grad():
             for (name, p), g in zip(ps.items(), grads):
                 set_meta(name.rsplit(".", 1)[0] if "." in name else "model", "update")
-                if precision.loss_scaling:
+                if precision.loss_scaling and not precision.master_copy:
                     g = g.mul(1.0 / LOSS_SCALE)
                 unscaled.append(g)
                 new.append(p.add(g, alpha=-lr) if optimizer == "sgd" else p)
         return lval, unscaled, new
 
     return step
+
+
+def _batch_norm_params(module: Any) -> set[str]:
+    """Names of the parameters of the module's batch norms (apex O2's ``keep_batchnorm_fp32``)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return {f"{path}.{name}" if path else name for path, m in module.named_modules() if isinstance(m, _BatchNorm)
+            for name, _ in m.named_parameters(recurse=False)}
 
 
 def _example_inputs(inputs: Sequence[TensorSpec], target: TensorSpec, batch: int, device: str = "meta",
@@ -201,7 +232,7 @@ def _fake_state(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, b
     with fm:
         params = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in module.named_parameters()}
         buffers = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in module.named_buffers()}
-        xs, y = _example_inputs(inputs, target, batch, "cpu", precision.param_dtype)
+        xs, y = _example_inputs(inputs, target, batch, "cpu", precision.model_dtype)
     return fm, params, buffers, xs, y
 
 
@@ -225,7 +256,7 @@ def _trace(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: 
     if precision.autocast_dtype is None:
         params = dict(module.named_parameters())
         buffers = dict(module.named_buffers())
-        xs, y = _example_inputs(inputs, target, batch, float_dtype=precision.param_dtype)
+        xs, y = _example_inputs(inputs, target, batch, float_dtype=precision.model_dtype)
         with fxt.preserve_node_meta():
             gm = make_fx(step, tracing_mode="fake", decomposition_table=decomp)(params, buffers, xs, y)
     else:
@@ -278,7 +309,7 @@ def _probe(module: Any, inputs: Sequence[TensorSpec], target: TensorSpec, loss: 
         with FakeTensorMode(allow_non_fake_inputs=True) as fm:
             params = {k: fm.from_tensor(v) for k, v in module.named_parameters()}
             buffers = {k: fm.from_tensor(v) for k, v in module.named_buffers()}
-            xs, y = _example_inputs(inputs, target, batch, float_dtype=precision.param_dtype)
+            xs, y = _example_inputs(inputs, target, batch, float_dtype=precision.model_dtype)
             xs, y = [fm.from_tensor(x) for x in xs], fm.from_tensor(y)
             with Recorder():
                 step(params, buffers, xs, y)
@@ -318,7 +349,8 @@ def capture(
     import torch
 
     prec = Precision(precision)
-
+    if prec.fp8_linears:
+        raise CaptureError(fp8_scope(name))
     if granularity not in GRANULARITIES:
         raise CaptureError(f"unknown granularity {granularity!r}: use aten, core_aten or layer")
     if optimizer not in OPTIMIZERS:

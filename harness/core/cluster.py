@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.checks import did_you_mean, positive_int
+from harness.core.checks import boolean, did_you_mean, positive_int
 from harness.core.errors import ClusterError
 from harness.core.topology import Link, block, figure
 from harness.core.wiring import NicSpec, Wiring, host_wiring, nic_spec
@@ -350,7 +350,8 @@ def build_cluster(
     ``inter`` also says the network's shape, which the collective model of
     :mod:`harness.core.fabric` reads (the routes do not): ``rail_optimized`` (GPU g of every node
     on rail g, false by default), ``pod_nodes`` (nodes per full-bisection pod, 0 = one pod) and
-    ``pod_oversubscription`` (x >= 1: the bandwidth between pods is 1/x of the NICs').
+    ``pod_oversubscription`` (x >= 1: the bandwidth between pods is 1/x of the NICs'); so does
+    ``intra.nvls`` (a switch: NCCL's NVLink SHARP all-reduce on or off; unset, the fabric's default).
     Two more keys land in ``Cluster.meta`` (:data:`META_KEYS`): ``collective: {lat_us, bw_GBps}``
     (measured all-reduce figures, e.g. by ``python -m harness.calibrate``) replaces the links'
     in the cost model's ring all-reduce; ``host_comm`` (:data:`HOST_COMM_KEYS`) is what a
@@ -374,7 +375,9 @@ def build_cluster(
     devices = [Device(h * gpus + g, f"n{h}/gpu{g}", spec, h) for h in range(nodes) for g in range(gpus)]
     if nic is not None:
         nic_meta["nic_of"] = tuple(wiring.nic_of(dev.id) for dev in devices)
-    return Cluster(name, devices, meta={"gpus_per_node": gpus, "nodes": nodes, **nic_meta, **meta}, wiring=wiring)
+    shape = {"intra_topology": str(intra.get("topology", "switch")),
+             "nvls": None if intra.get("nvls") is None else boolean(intra["nvls"], "cluster.intra.nvls", ClusterError)}
+    return Cluster(name, devices, meta={"gpus_per_node": gpus, "nodes": nodes, **shape, **nic_meta, **meta}, wiring=wiring)
 
 
 #: the keys of ``cluster.collective`` (a measured all-reduce) and their rule (a unit of

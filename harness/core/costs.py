@@ -351,13 +351,16 @@ class AnalyticalCostModel:
         return fwd * fraction + fixed, bwd * fraction + fixed
 
 
-#: the peak key of each math mode (harness.core.precision.MATH: fp32, tf32, fp16, bf16, fp64, int)
-MATH_PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float32", "float32")
+#: the peak key of each math mode (harness.core.precision.MATH: fp32, tf32, fp16, bf16, fp64, int, fp8)
+MATH_PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float32", "float32", "float8")
 
 
 def math_peak(spec: DeviceSpec, math: int) -> float:
     """FLOP/s of a kernel in math mode ``math`` on ``spec``: its tensor-core peak where the
-    device has one for that mode, else its FP32 peak (TF32 on a V100 runs as FP32)."""
+    device has one for that mode, else its FP32 peak (TF32 on a V100 runs as FP32).  FP8 is the
+    dense ``float8`` peak (E4M3 and E5M2 run at one rate: H100 SXM5 1,978.9 TFLOPS, the
+    whitepaper's figure); a device without one never gets an FP8 kernel
+    (:meth:`harness.core.precision.Precision.check_device` refuses ``amp_fp8`` there)."""
     return spec.peak_flops.get(MATH_PEAK_KEYS[int(math)], spec.peak_flops["float32"])
 
 

@@ -23,13 +23,25 @@ pay latency and LL's quarter bandwidth, large ones approach the bus bandwidth (s
 moves its bytes over NVSwitch at ``intra_bw``; one across nodes runs NCCL's pipelined rings (or
 trees), whose rate is that of the slower hop kind, ``min(intra_bw, r * inter_bw)`` with ``r`` its
 ranks on a node (one ring per NIC, GPU g on rail g), and whose latency counts each step at its
-hop's figure.  A calibration swaps these functions; nothing here is fitted to measured runs.
+hop's figure.
+
+NVLink SHARP (NVLS, :func:`nvls_time`): on an H100 NVSwitch node NCCL (2.17 and later, on by
+default where the switches support multicast) also runs an all-reduce as NVLS inside a node and
+NVLSTree across nodes; it is one more candidate of the fastest-wins choice, all-reduce only.
+
+Calibration (:mod:`harness.core.nccl_calibration`): :func:`fabric_of` takes the datasheet
+figures of the cluster and, where nccl-tests measured a system like it (A100 / H100 NVSwitch
+nodes, InfiniBand / RoCE across nodes), scales them by what NCCL achieved of them (the ring's
+bus bandwidth, NVLS's, a point-to-point message's, the NIC's) and NCCL's latency table by the
+fitted factors; a fabric without measurements keeps the datasheet figures, and
+:func:`fabric_report` says which a job used.  The tuning model itself is NCCL's; only the
+figures it is given are fitted, to kernel-level measurements, never to training runs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -38,12 +50,13 @@ import numpy as np
 from harness.core.checks import positive_int
 from harness.core.cluster import Cluster
 from harness.core.errors import ClusterError, OptionError
+from harness.core.nccl_calibration import DATASHEET, IntraCalibration, NetCalibration, intra_calibration, net_calibration, source_errors
 
 #: the collectives :func:`collective_time` costs
 OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 #: where every constant below comes from
-NCCL_REF = "NVIDIA/nccl@b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2 src/graph/tuning.cc (NCCL 2.19)"
+NCCL_REF = "NVIDIA/nccl@b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2 src/graph/tuning.cc (NCCL 2.20.3, makefiles/version.mk)"
 US = 1e-6
 #: baseLat (us) per algorithm, by protocol (LL, LL128, Simple)
 BASE_LAT: dict[str, tuple[float, ...]] = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4)}
@@ -66,6 +79,10 @@ TREE_CORRECTION: tuple[tuple[float, ...], ...] = (
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 )
 INTRA_LINKS: tuple[str, ...] = ("nvlink", "pci")
+#: NVLS's latency (us): hwLat[NVLINK][NVLS][Simple] (its baseLat is 0; NVLS runs Simple only)
+NVLS_LAT = 23.0
+#: NVLSTree's latency per network level (us): hwLat[NET][NVLS_TREE][Simple]
+NVLS_TREE_NET_LAT = 14.0
 
 
 @dataclass(frozen=True)
@@ -91,15 +108,28 @@ class Fabric:
     intra_link: str = "nvlink"
     pod_nodes: int = 0
     pod_oversubscription: float = 1.0
+    #: NVLS's all-reduce algorithm bandwidth inside a node (bytes/s); 0: NCCL has no NVLS here
+    nvls_bw: float = 0.0
+    #: multipliers of NCCL's latency table: its base and intra-node step latencies (and NVLS's), its network steps
+    lat_scale: float = 1.0
+    net_lat_scale: float = 1.0
+    #: a point-to-point message's bandwidth inside a node (bytes/s); 0: ``intra_bw``
+    p2p_bw: float = 0.0
+    #: where the figures inside a node and across nodes come from: "datasheet" or a calibration's name
+    intra_source: str = DATASHEET
+    inter_source: str = DATASHEET
 
     def __post_init__(self) -> None:
         bad = [k for k, v in (("intra_bw", self.intra_bw), ("intra_lat", self.intra_lat), ("inter_bw", self.inter_bw),
-                              ("inter_lat", self.inter_lat)) if not (math.isfinite(v) and v >= 0)]
-        if self.gpus_per_node < 1 or self.nodes < 1 or bad or self.intra_link not in INTRA_LINKS or self.pod_nodes < 0 \
-                or not self.pod_oversubscription >= 1 or (self.gpus_per_node > 1 and self.intra_bw <= 0) \
+                              ("inter_lat", self.inter_lat), ("nvls_bw", self.nvls_bw), ("p2p_bw", self.p2p_bw))
+               if not (math.isfinite(v) and v >= 0)]
+        scales_ok = all(math.isfinite(v) and v > 0 for v in (self.lat_scale, self.net_lat_scale))
+        if self.gpus_per_node < 1 or self.nodes < 1 or bad or not scales_ok or self.intra_link not in INTRA_LINKS \
+                or self.pod_nodes < 0 or not self.pod_oversubscription >= 1 or (self.gpus_per_node > 1 and self.intra_bw <= 0) \
                 or (self.nodes > 1 and self.inter_bw <= 0):
             raise ClusterError(f"fabric {self} is not a fabric: counts >= 1, bandwidths > 0 where there is something to cross, "
-                               f"latencies >= 0, intra_link one of {', '.join(INTRA_LINKS)}, pod_oversubscription >= 1")
+                               f"latencies >= 0, latency scales > 0, intra_link one of {', '.join(INTRA_LINKS)}, "
+                               f"pod_oversubscription >= 1")
 
     @property
     def gpus(self) -> int:
@@ -182,13 +212,16 @@ def rank_layout(tp: int, cp: int, ep: int, dp: int, pp: int) -> dict[str, Group]
             "ep": Group(ep, tp), "edp": Group(dp * cp // ep, tp * ep), "dp_cp": Group(dp * cp, tp)}
 
 
-def fabric_of(cluster: Cluster) -> Fabric:
-    """The fabric of ``cluster`` (any preset): ``intra_bw`` is the ring bandwidth of host 0's GPUs
-    (:meth:`Cluster.ring_bandwidth`: the NVSwitch port, the NVLink bricks of a cube-mesh, a PCIe
-    tree's bottleneck), ``intra_lat`` the latency of the route between its first two GPUs;
-    ``inter_bw`` a GPU's share of its node's NICs capped by the bottleneck of its route to
-    another node (``host_link``, the NIC), ``inter_lat`` that route's latency; the network's
-    shape from ``cluster.inter`` (rail_optimized, pod_nodes, pod_oversubscription)."""
+def fabric_of(cluster: Cluster, calibrated: bool = True) -> Fabric:
+    """The fabric of ``cluster`` (any preset).  Its datasheet figures: ``intra_bw`` is the ring
+    bandwidth of host 0's GPUs (:meth:`Cluster.ring_bandwidth`: the NVSwitch port, the NVLink
+    bricks of a cube-mesh, a PCIe tree's bottleneck), ``intra_lat`` the latency of the route
+    between its first two GPUs; ``inter_bw`` a GPU's share of its node's NICs capped by the
+    bottleneck of its route to another node (``host_link``, the NIC), ``inter_lat`` that route's
+    latency; the network's shape from ``cluster.inter`` (rail_optimized, pod_nodes,
+    pod_oversubscription).  ``calibrated`` (the default): then scaled by the NCCL calibration
+    where one covers the cluster (:func:`calibrate`), with NVLS where ``cluster.intra.nvls`` says
+    so (default: on for an H100 NVSwitch node, as NCCL >= 2.17 runs it)."""
     meta, devs = cluster.meta, cluster.devices
     g = int(meta.get("gpus_per_node", sum(d.host == devs[0].host for d in devs)))
     nodes = int(meta.get("nodes", len({d.host for d in devs})))
@@ -200,7 +233,7 @@ def fabric_of(cluster: Cluster) -> Fabric:
         return sum(cluster.link(lid).lat for lid in route)
 
     intra_bw = intra_lat = inter_bw = inter_lat = 0.0
-    intra_link = "nvlink"
+    intra_link, nic_cls = "nvlink", ""
     if g > 1:
         intra_bw = cluster.ring_bandwidth(host0)
         intra_lat = latency(cluster.route(host0[0], host0[1]))
@@ -213,9 +246,57 @@ def fabric_of(cluster: Cluster) -> Fabric:
             raise ClusterError(f"cluster {cluster.name!r} spans hosts but does not describe its NICs (meta nic_bw, nics_per_node)")
         inter_bw = min(min(cluster.link(lid).bw for lid in route), meta["nic_bw"] * meta.get("nics_per_node", 1) / g)
         inter_lat = latency(route)
-    return Fabric(g, nodes, float(intra_bw), float(intra_lat), float(inter_bw), float(inter_lat),
-                  bool(meta.get("rail_optimized", False)), intra_link, int(meta.get("pod_nodes", 0)),
-                  float(meta.get("pod_oversubscription", 1.0)))
+        nic_cls = "+".join(sorted({cluster.link(lid).cls for lid in route} - {"pcie", "pci", "nvlink"}))
+    fabric = Fabric(g, nodes, float(intra_bw), float(intra_lat), float(inter_bw), float(inter_lat),
+                    bool(meta.get("rail_optimized", False)), intra_link, int(meta.get("pod_nodes", 0)),
+                    float(meta.get("pod_oversubscription", 1.0)))
+    if not calibrated:
+        return fabric
+    kind = devs[0].spec.kind
+    switch = g > 1 and intra_link == "nvlink" and meta.get("intra_topology", "switch") == "switch"
+    intra = intra_calibration(kind) if switch else None
+    nvls = meta.get("nvls")
+    if nvls and g > 1 and (intra is None or intra.nvls_eff <= 0):  # one GPU a node: nothing for NVLS to do
+        raise ClusterError(f"cluster.intra.nvls=true: NVLink SHARP needs third-generation NVSwitch (an H100 / H200 "
+                           f"NVSwitch node), and cluster {cluster.name!r} has {kind} GPUs on "
+                           f"{meta.get('intra_topology', 'switch')} {intra_link}; set cluster.intra.nvls=false")
+    if nvls is None:
+        nvls = intra is not None and intra.nvls_eff > 0
+    net = net_calibration(kind, nic_cls) if nodes > 1 else None
+    return calibrate(fabric, intra, net, bool(nvls))
+
+
+def calibrate(fabric: Fabric, intra: IntraCalibration | None, net: NetCalibration | None, nvls: bool = False) -> Fabric:
+    """``fabric`` (its datasheet figures) at what NCCL achieves of them: inside a node the ring's
+    bus bandwidth ``bus_eff x intra_bw``, a point-to-point message's ``p2p_eff`` of that, NVLS's
+    algorithm bandwidth ``nvls_eff x intra_bw`` when ``nvls``, NCCL's base and intra-node latencies
+    x ``lat_scale``; across nodes the NICs at ``net_eff`` of their line rate and NCCL's network
+    latencies x its ``lat_scale``.  ``None``: that part keeps the datasheet figures."""
+    kw: dict[str, Any] = {}
+    if intra is not None and fabric.gpus_per_node > 1:
+        bus = fabric.intra_bw * intra.bus_eff
+        kw.update(intra_bw=bus, p2p_bw=bus * intra.p2p_eff, lat_scale=intra.lat_scale, intra_source=intra.name,
+                  nvls_bw=fabric.intra_bw * intra.nvls_eff if nvls else 0.0)
+    if net is not None and fabric.nodes > 1:
+        kw.update(inter_bw=fabric.inter_bw * net.net_eff, net_lat_scale=net.lat_scale, inter_source=net.name)
+    return replace(fabric, **kw) if kw else fabric
+
+
+def fabric_report(fabric: Fabric) -> dict[str, Any]:
+    """Which figures a job's collectives ran at (``fabric_report`` in result.json): inside a node
+    and across nodes, the source (``datasheet`` or the NCCL calibration's system, with its
+    held-out errors per class), the bus bandwidth per GPU, NVLS's, a point-to-point message's and
+    the latency scales of NCCL's table."""
+    out: dict[str, Any] = {"model": NCCL_REF}
+    if fabric.gpus_per_node > 1:
+        out["intra"] = {"source": fabric.intra_source, "link": fabric.intra_link, "bus_GBps": fabric.intra_bw / 1e9,
+                        "p2p_GBps": (fabric.p2p_bw or fabric.intra_bw) / 1e9,
+                        "nvls_GBps": fabric.nvls_bw / 1e9 if fabric.nvls_bw > 0 else None,
+                        "latency_scale": fabric.lat_scale, **source_errors(fabric.intra_source)}
+    if fabric.nodes > 1:
+        out["inter"] = {"source": fabric.inter_source, "nic_GBps_per_gpu": fabric.inter_bw / 1e9,
+                        "latency_scale": fabric.net_lat_scale, **source_errors(fabric.inter_source)}
+    return out
 
 
 def _checked(fabric: Fabric, group: Group, nbytes: float) -> float:
@@ -230,17 +311,23 @@ def _checked(fabric: Fabric, group: Group, nbytes: float) -> float:
 
 def bus_bandwidth(fabric: Fabric, group: Group) -> float:
     """The bus bandwidth (bytes/s per rank) of NCCL's rings and trees over ``group``: NVSwitch
-    inside a node; across nodes the slower of NVSwitch and the ``r`` NICs of the node where the
-    group has fewest ranks (one ring per NIC), and between pods, when the pods' links are
-    oversubscribed x : 1, that times min(1, (nodes per pod) / x) (each ring leaves a pod once per
-    (nodes per pod) node crossings; the rest of its traffic stays inside)."""
+    inside a node; across nodes the slower of NVSwitch and the network (:func:`network_bandwidth`)."""
     pl = group.placement(fabric.gpus_per_node, fabric.pod_nodes)
     if pl.nodes == 1:
         return fabric.intra_bw
+    across = network_bandwidth(fabric, pl)
+    return min(fabric.intra_bw, across) if fabric.gpus_per_node > 1 else across
+
+
+def network_bandwidth(fabric: Fabric, pl: Placement) -> float:
+    """What a group placed as ``pl`` moves across nodes per rank: the ``r`` NICs of the node
+    where it has fewest ranks (one ring per NIC), and between pods, when the pods' links are
+    oversubscribed x : 1, that times min(1, (nodes per pod) / x) (each ring leaves a pod once per
+    (nodes per pod) node crossings; the rest of its traffic stays inside)."""
     across = pl.min_ranks_per_node * fabric.inter_bw
     if pl.pods > 1:
         across *= min(1.0, pl.nodes / pl.pods / fabric.pod_oversubscription)
-    return min(fabric.intra_bw, across) if fabric.gpus_per_node > 1 else across
+    return across
 
 
 def collective_time(fabric: Fabric, op: str, nbytes: float, group: Group) -> float:
@@ -248,8 +335,9 @@ def collective_time(fabric: Fabric, op: str, nbytes: float, group: Group) -> flo
     with them (an all-reduce's or broadcast's buffer, a reduce-scatter's full input, an
     all-gather's full output, an all-to-all's send buffer per rank); 0 for a group of one or no
     bytes.  NCCL's tuning model on the fabric's bandwidths (module docstring): ring in LL / LL128 /
-    Simple, and tree for an all-reduce across nodes, the fastest; an all-to-all as NCCL's grouped
-    send/receive (:func:`all_to_all_time`)."""
+    Simple, tree for an all-reduce across nodes, and NVLS / NVLSTree for an all-reduce where the
+    fabric has NVLS, the fastest; an all-to-all as NCCL's grouped send/receive
+    (:func:`all_to_all_time`)."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}: one of {', '.join(OPS)}")
     x = _checked(fabric, group, nbytes)
@@ -266,17 +354,41 @@ def _collective_time(fabric: Fabric, op: str, x: float, group: Group) -> float:
     best = _ring_time(fabric, op, x, group.size, pl.nodes, bus_bandwidth(fabric, group))
     if op == "all_reduce" and pl.nodes > 1:
         best = min(best, _tree_time(fabric, x, group.size, pl.nodes, bus_bandwidth(fabric, group)))
+    if op == "all_reduce" and fabric.nvls_bw > 0:
+        best = min(best, nvls_time(fabric, x, pl))
     return best
+
+
+def nvls_time(fabric: Fabric, x: float, pl: Placement) -> float:
+    """NCCL's NVLS all-reduce (NVLink SHARP: the NVSwitch reduces and multicasts) on a group placed
+    as ``pl``: inside one node NVLS's latency plus the bytes at its algorithm bandwidth
+    ``nvls_bw``, whatever the ranks (NCCL's model, algorithm bandwidth = 5/6 of a bus bandwidth
+    that does not depend on the ranks); across nodes NVLSTree - NVLS inside each node, a tree of
+    the nodes, each GPU's NIC carrying its share of the reduced buffer: algorithm bandwidth the
+    slower of NVLS and the network (:func:`network_bandwidth`; halved above two nodes, a tree's
+    up and down passes, as NCCL's ``bwInter/2``), latency NVLS's plus two network steps per tree
+    level.  NCCL runs NVLS only with two or more ranks on a node: infinite otherwise."""
+    if fabric.nvls_bw <= 0 or pl.min_ranks_per_node < 2:
+        return math.inf
+    lat = NVLS_LAT * fabric.lat_scale
+    if pl.nodes == 1:
+        return lat * US + x / fabric.nvls_bw
+    net = network_bandwidth(fabric, pl) / (1.0 if pl.nodes <= 2 else 2.0)
+    lat += 2 * int(math.log2(pl.nodes)) * NVLS_TREE_NET_LAT * fabric.net_lat_scale
+    return lat * US + x / min(fabric.nvls_bw, net)
 
 
 def _ring_time(fabric: Fabric, op: str, x: float, p: int, nodes: int, bus: float) -> float:
     """NCCL's ring: ``nsteps`` steps (2(p-1) for an all-reduce, p-1 otherwise), of which the
     inter-node ones (2 x nodes for an all-reduce, nodes - 1 otherwise, at most nsteps) at the
     network's latency; algorithm bandwidth = bus bandwidth x p / nsteps (1 for a broadcast), so
-    an all-reduce moves 2(p-1)/p of its bytes per rank, a reduce-scatter or all-gather (p-1)/p."""
+    an all-reduce moves 2(p-1)/p of its bytes per rank, a reduce-scatter or all-gather (p-1)/p.
+    The base and intra-node latencies are scaled by the fabric's ``lat_scale``, the network's
+    (and the host's network overhead) by ``net_lat_scale``."""
     nsteps = 2 * (p - 1) if op == "all_reduce" else p - 1
     ninter = min(nsteps, (2 * nodes if nodes > 1 else 0) if op == "all_reduce" else nodes - 1)
     ratio = 1.0 if op == "broadcast" else p / nsteps
+    s, sn = fabric.lat_scale, fabric.net_lat_scale
     best = math.inf
     for k, proto in enumerate(PROTOCOLS):
         if proto == "LL":
@@ -285,10 +397,10 @@ def _ring_time(fabric: Fabric, op: str, x: float, p: int, nodes: int, bus: float
             b = bus * (0.7 if p / nodes < 2 else 0.92)
         else:
             b = bus
-        intra = HW_LAT[fabric.intra_link]["ring"][k]
+        intra = HW_LAT[fabric.intra_link]["ring"][k] * s
         if nodes > 1:
-            intra = max(intra, NET_OVERHEAD * (3 if proto == "Simple" else 1))
-        lat = BASE_LAT["ring"][k] + (nsteps - ninter) * intra + ninter * HW_LAT["net"]["ring"][k]
+            intra = max(intra, NET_OVERHEAD * (3 if proto == "Simple" else 1) * sn)
+        lat = BASE_LAT["ring"][k] * s + (nsteps - ninter) * intra + ninter * HW_LAT["net"]["ring"][k] * sn
         if proto == "Simple" and nodes > 1 and op == "all_reduce":
             lat *= RING_PLATEAU
         best = min(best, lat * US + x / (b * ratio))
@@ -299,10 +411,11 @@ def _tree_time(fabric: Fabric, x: float, p: int, nodes: int, bus: float) -> floa
     """NCCL's tree all-reduce across nodes (a chain inside each node, a double binary tree across):
     bus bandwidth x 0.92 (LL: / 3.8 capped; LL128: x 120/128) x the size's correction factor,
     algorithm bandwidth half of it; latency 2 ((ranks per node - 1) intra steps + log2(nodes)
-    network steps).  NCCL's correction table dips at medium sizes, which would let a larger
-    message finish sooner: the time is made non-decreasing in size (the largest time of any
-    smaller size), which changes nothing where the table does not rise."""
+    network steps), scaled as the ring's.  NCCL's correction table dips at medium sizes, which
+    would let a larger message finish sooner: the time is made non-decreasing in size (the
+    largest time of any smaller size), which changes nothing where the table does not rise."""
     ppn, levels = p // nodes, int(math.log2(nodes))
+    s, sn = fabric.lat_scale, fabric.net_lat_scale
     best = math.inf
     for k, proto in enumerate(PROTOCOLS):
         b = bus * 0.92
@@ -310,7 +423,8 @@ def _tree_time(fabric: Fabric, x: float, p: int, nodes: int, bus: float) -> floa
             b = min(b / 3.8, LL_MAX_BW[min(nodes, 3) - 1] * 1e9)
         elif proto == "LL128":
             b *= 120 / 128
-        lat = (BASE_LAT["tree"][k] + 2 * ((ppn - 1) * HW_LAT[fabric.intra_link]["tree"][k] + levels * HW_LAT["net"]["tree"][k])) * US
+        lat = (BASE_LAT["tree"][k] * s + 2 * ((ppn - 1) * HW_LAT[fabric.intra_link]["tree"][k] * s
+                                              + levels * HW_LAT["net"]["tree"][k] * sn)) * US
 
         def raw(size: float, k: int = k, b: float = b, lat: float = lat) -> float:
             return lat + size / (0.5 * b * _tree_correction(k, size))
@@ -336,9 +450,9 @@ def all_to_all_time(fabric: Fabric, nbytes: float, group: Group) -> float:
     """An all-to-all as NCCL runs it, a send and a receive per peer in one group (Simple
     protocol): one step per peer, at the NVLink (PCI) step latency for the peers on the node and
     the network's for the others, after NCCL's base latency (an upper bound: NCCL overlaps peers
-    across channels); bytes: each rank sends (p-1)/p of its buffer, the part to the other nodes
-    through its own NIC share, the part to other pods at 1/oversubscription of it, the rest over
-    NVSwitch - plus, on a rail-optimised fabric, the off-node part NCCL's PXN first forwards
+    across channels; the latencies scaled as the ring's); bytes: each rank sends (p-1)/p of its
+    buffer, the part to the other nodes through its own NIC share, the part to other pods at
+    1/oversubscription of it, the rest over NVSwitch - plus, on a rail-optimised fabric, the off-node part NCCL's PXN first forwards
     over NVLink to the GPU on the destination's rail (all but the 1/r already on it); the
     slowest of the three sets the time."""
     x = _checked(fabric, group, nbytes)
@@ -346,8 +460,9 @@ def all_to_all_time(fabric: Fabric, nbytes: float, group: Group) -> float:
     if p == 1 or x == 0:
         return 0.0
     pl = group.placement(fabric.gpus_per_node, fabric.pod_nodes)
-    hw = HW_LAT[fabric.intra_link]["ring"][2]
-    lat = BASE_LAT["ring"][2] + (pl.ranks_per_node - 1) * hw + (p - pl.ranks_per_node) * HW_LAT["net"]["ring"][2]
+    hw = HW_LAT[fabric.intra_link]["ring"][2] * fabric.lat_scale
+    lat = BASE_LAT["ring"][2] * fabric.lat_scale + (pl.ranks_per_node - 1) * hw \
+        + (p - pl.ranks_per_node) * HW_LAT["net"]["ring"][2] * fabric.net_lat_scale
     if pl.nodes == 1:
         return lat * US + x * (p - 1) / p / fabric.intra_bw
     r = pl.min_ranks_per_node
@@ -363,8 +478,9 @@ def all_to_all_time(fabric: Fabric, nbytes: float, group: Group) -> float:
 
 def p2p_time(fabric: Fabric, nbytes: float, same_node: bool, same_pod: bool = True) -> float:
     """One message of ``nbytes`` between two GPUs (a pipeline send, every GPU of a stage sending
-    at once): the link's latency plus the bytes over NVSwitch when ``same_node``, else over the
-    GPU's share of its NICs, at 1/oversubscription of it between pods (``same_pod`` false)."""
+    at once): the link's latency plus the bytes over NVSwitch (at the fabric's point-to-point
+    bandwidth where calibrated) when ``same_node``, else over the GPU's share of its NICs, at
+    1/oversubscription of it between pods (``same_pod`` false)."""
     x = float(nbytes)
     if not (math.isfinite(x) and x >= 0):
         raise ValueError(f"a message's bytes must be finite and >= 0, got {nbytes!r}")
@@ -373,7 +489,7 @@ def p2p_time(fabric: Fabric, nbytes: float, same_node: bool, same_pod: bool = Tr
     if same_node:
         if fabric.gpus_per_node == 1:
             raise ClusterError("a message inside a node of one GPU: there is no other GPU on it")
-        return fabric.intra_lat + x / fabric.intra_bw
+        return fabric.intra_lat + x / (fabric.p2p_bw or fabric.intra_bw)
     if fabric.nodes == 1:
         raise ClusterError("a message across nodes on a fabric of one node")
     bw = fabric.inter_bw / (1.0 if same_pod else fabric.pod_oversubscription)

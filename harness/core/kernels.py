@@ -55,8 +55,11 @@ NCOLS = len(CONV_COLS)
 #: the FLOPs of an attention backward over its forward (FlashAttention-2: 5 matmuls against 2)
 ATTN_BWD_FACTOR = 2.5
 #: bytes per element of a kernel's inputs by math mode (:data:`harness.core.precision.MATH`:
-#: fp32, tf32, fp16, bf16, fp64, int)
-MATH_BYTES: tuple[int, ...] = (4, 4, 2, 2, 8, 4)
+#: fp32, tf32, fp16, bf16, fp64, int, fp8)
+MATH_BYTES: tuple[int, ...] = (4, 4, 2, 2, 8, 4, 1)
+#: the fewest bytes per element a GEMM writes: an FP8 GEMM reads FP8 and writes its output in
+#: BF16 (Transformer Engine, torch._scaled_mm as torchao calls it), never in FP8
+MIN_OUT_BYTES = 2
 
 #: memory-bound ops that read their first ``k`` tensor inputs once more than a single pass does
 EXTRA_READS: dict[str, int] = {
@@ -148,11 +151,13 @@ class KernelTable:
         """Bytes each row reads and writes once: a memory-bound row its ``dims[0]``; a GEMM its
         three matrices, a convolution pass its input, filter and output, an attention row its
         Q, K, V, O (and dO, dQ, dK, dV backward) plus the FP32 softmax statistics, at the
-        element size of the row's math mode (:data:`MATH_BYTES`)."""
+        element size of the row's math mode (:data:`MATH_BYTES`; a GEMM's output at least
+        :data:`MIN_OUT_BYTES`)."""
         d = (self.dims if dims is None else dims).astype(np.float64)
         el = np.asarray(MATH_BYTES, dtype=np.float64)[self.math.astype(np.int64)]
         p, q = self.conv_out(dims)
-        gemm = d[:, 0] * (d[:, 1] * d[:, 3] + d[:, 3] * d[:, 2] + d[:, 1] * d[:, 2])
+        out_el = np.maximum(el, MIN_OUT_BYTES) / el
+        gemm = d[:, 0] * (d[:, 1] * d[:, 3] + d[:, 3] * d[:, 2] + d[:, 1] * d[:, 2] * out_el)
         conv = d[:, 0] * d[:, 1] * d[:, 2] * d[:, 3] + d[:, 4] * d[:, 1] / np.maximum(d[:, 13], 1) * d[:, 5] * d[:, 6] \
             + d[:, 0] * d[:, 4] * p * q
         q_o = d[:, 0] * d[:, 1] * d[:, 3]                          # Q (or O): bh x s_q x d

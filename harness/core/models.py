@@ -229,13 +229,16 @@ class TorchModel:
 
         A layer graph costs each layer in one dtype: ``fp32`` / ``tf32`` (``meta["precision"]``
         sets the math mode), ``fp16`` / ``bf16`` (the module and its floating inputs converted);
-        AMP, whose dtype changes from op to op inside a layer, is refused."""
+        AMP, whose dtype changes from op to op inside a layer, is refused; ``fp16_master`` is its
+        FP16 model (the FP32 master weights are the optimizer's)."""
         import torch
 
         from harness.core.layerfx import build_layer_graph
-        from harness.core.precision import Precision
+        from harness.core.precision import Precision, fp8_scope
 
         prec = Precision(precision)
+        if prec.fp8_linears:
+            raise CaptureError(fp8_scope(self.name))
         if prec.autocast_dtype is not None:
             raise CaptureError(f"model {self.name!r}: precision={precision} needs an operator graph (autocast picks a dtype "
                                "per op); a layer-graph algorithm takes fp32, tf32, fp16 or bf16")
@@ -244,9 +247,9 @@ class TorchModel:
             def build() -> Any:
                 with torch.device("meta"):
                     module = self.build()
-                    if prec.param_dtype != "float32":
-                        module = module.to(getattr(torch, prec.param_dtype))
-                specs = [((self.batch_size, *s.shape), prec.param_dtype if s.dtype.startswith("float") else s.dtype)
+                    if prec.model_dtype != "float32":
+                        module = module.to(getattr(torch, prec.model_dtype))
+                specs = [((self.batch_size, *s.shape), prec.model_dtype if s.dtype.startswith("float") else s.dtype)
                          for s in self.inputs]
                 lg = build_layer_graph(module, specs, name=self.name, batch_size=self.batch_size)
                 lg.meta["precision"] = prec.name

@@ -1,15 +1,17 @@
 """Numeric precision of a captured training step (the top-level config key ``precision``).
 
-=========  ==========================  =================================  ====================
-name       tensors                     matmul / convolution math          master weights
-=========  ==========================  =================================  ====================
-fp32       FP32                        FP32 matmuls, TF32 convolutions    FP32 (no copy)
-tf32       FP32                        TF32 matmuls and convolutions      FP32 (no copy)
-amp_fp16   per op, as CUDA autocast    FP16 tensor cores (autocast list)  FP32, loss scaling
-amp_bf16   per op, as CUDA autocast    BF16 tensor cores (autocast list)  FP32
-fp16       FP16 (``module.half()``)    FP16 tensor cores                  none
-bf16       BF16 (``module.bfloat16()``) BF16 tensor cores                 none
-=========  ==========================  =================================  ====================
+===========  ==========================  ==================================  ====================
+name         tensors                     matmul / convolution math           master weights
+===========  ==========================  ==================================  ====================
+fp32         FP32                        FP32 matmuls, TF32 convolutions     FP32 (no copy)
+tf32         FP32                        TF32 matmuls and convolutions       FP32 (no copy)
+amp_fp16     per op, as CUDA autocast    FP16 tensor cores (autocast list)   FP32, loss scaling
+amp_bf16     per op, as CUDA autocast    BF16 tensor cores (autocast list)   FP32
+fp16         FP16 (``module.half()``)    FP16 tensor cores                   none
+bf16         BF16 (``module.bfloat16()``) BF16 tensor cores                  none
+fp16_master  FP16 (the model's copy)     FP16 tensor cores                   FP32, loss scaling
+amp_fp8      as ``amp_bf16``             linear layers FP8, the rest BF16    FP32
+===========  ==========================  ==================================  ====================
 
 ``fp32`` is PyTorch's default: ``torch.backends.cuda.matmul.allow_tf32`` is False and
 ``torch.backends.cudnn.allow_tf32`` is True, so convolutions run in TF32 on GPUs that have it
@@ -29,7 +31,30 @@ follows (a gradient reaches an FP32 weight through the cast's backward), paramet
 FP32 (the master weights) and the update runs in FP32.  Casts of a weight are cached within
 the autocast region, as CUDA autocast caches them (a weight read at every step of an
 unrolled RNN is cast once).  ``amp_fp16`` scales the loss and unscales each gradient before
-the update, as ``torch.amp.GradScaler`` does.
+the update, as ``torch.amp.GradScaler`` does.  This is apex AMP's ``O1`` too (it patches the
+same op lists into ``torch`` functions).
+
+``fp16_master`` is the other way mixed precision was run before autocast, and still is by
+fairseq's ``--fp16``, apex AMP's ``O2`` (``opt_level="O2"``, the default of NVIDIA's
+DeepLearningExamples GNMT and Transformer trainers) and Megatron-LM's ``--fp16``: the model
+itself is FP16 (every layer runs in FP16, no per-op casts), an FP32 master copy of the weights
+lives in the optimizer, the loss is computed on FP32 logits (fairseq's and GNMT's
+``log_softmax(..., dtype=torch.float32)``), the loss is scaled, each FP16 gradient is copied to
+its FP32 master gradient with the loss scale divided out in the same pass (apex's
+``multi_tensor_scale``), the update runs on the master weights, and they are copied back into
+the FP16 model (captured as the cast at the start of the step: one read of the FP32 master and
+one write of the FP16 copy per step either way).  Batch norm keeps FP32 parameters
+(``keep_batchnorm_fp32``, O2's default).
+
+``amp_fp8`` is FP8 training as torchtitan runs it on Hopper (torchao's ``Float8Linear``, its
+default ``tensorwise`` recipe), the GEMMs of NVIDIA Transformer Engine's recipe (Megatron-LM)
+with its per-tensor *current* scaling: the GEMMs of the transformer's linear layers in FP8 (E4M3
+activations and weights forward, E5M2 gradients backward: the ``HYBRID`` format), each operand
+quantized by an amax pass and a cast, everything else (attention, norms, the output head, the
+embedding) in BF16 under autocast, FP32 master weights.  What that means for a transformer
+block's kernels and memory is :mod:`harness.core.llm.fp8`'s; it applies to a transformer's
+stack graph (``model=llm``, the LLM presets, ``model=hf``), and needs a device with FP8 tensor
+cores (a ``float8`` peak: :meth:`Precision.check_device`).
 """
 
 from __future__ import annotations
@@ -37,16 +62,16 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from harness.core.errors import UserError
 
 #: the values of the ``precision`` config key
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "amp_fp16", "amp_bf16", "fp16", "bf16")
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "amp_fp16", "amp_bf16", "fp16", "bf16", "fp16_master", "amp_fp8")
 
 #: math modes a kernel records: what its inputs are and what the software allows
-MATH: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp64", "int")
-FP32, TF32, FP16, BF16, FP64, INT = range(len(MATH))
+MATH: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp64", "int", "fp8")
+FP32, TF32, FP16, BF16, FP64, INT, FP8 = range(len(MATH))
 
 #: the loss scale ``GradScaler`` starts from (``init_scale=2**16``)
 LOSS_SCALE = 2.0**16
@@ -68,24 +93,59 @@ class Precision:
 
     @property
     def autocast_dtype(self) -> str | None:
-        """``float16`` / ``bfloat16`` under AMP, else None."""
-        return {"amp_fp16": "float16", "amp_bf16": "bfloat16"}.get(self.name)
+        """``float16`` / ``bfloat16`` under AMP (``amp_fp8``: BF16 for all but its FP8 GEMMs), else None."""
+        return {"amp_fp16": "float16", "amp_bf16": "bfloat16", "amp_fp8": "bfloat16"}.get(self.name)
 
     @property
     def param_dtype(self) -> str:
-        """dtype of parameters and floating inputs (the master weights under AMP)."""
+        """dtype of the parameters the step keeps (the master weights under AMP and ``fp16_master``)."""
         return {"fp16": "float16", "bf16": "bfloat16"}.get(self.name, "float32")
 
     @property
+    def model_dtype(self) -> str:
+        """dtype the model's layers take their weights and floating inputs in: the FP16 copy under
+        ``fp16_master``, else :attr:`param_dtype` (autocast casts per op)."""
+        return "float16" if self.name == "fp16_master" else self.param_dtype
+
+    @property
+    def compute_dtype(self) -> str:
+        """dtype the activations are kept and the matmuls run in: the autocast dtype under AMP, else
+        :attr:`model_dtype` (a transformer's stack graph and the MFU's peak read it)."""
+        return self.autocast_dtype or self.model_dtype
+
+    @property
+    def master_copy(self) -> bool:
+        """Does the step keep FP32 master weights beside a half-precision model (``fp16_master``)?"""
+        return self.name == "fp16_master"
+
+    @property
     def loss_scaling(self) -> bool:
-        """Does the step scale the loss and unscale the gradients (``GradScaler``)?"""
-        return self.name == "amp_fp16"
+        """Does the step scale the loss and unscale the gradients (``GradScaler``, apex's loss scaler)?"""
+        return self.name in ("amp_fp16", "fp16_master")
+
+    @property
+    def fp8_linears(self) -> bool:
+        """Do the transformer's linear layers run their GEMMs in FP8 (``amp_fp8``)?"""
+        return self.name == "amp_fp8"
 
     def float_math(self, is_conv: bool) -> int:
         """The math mode of a matmul (``is_conv`` False) or convolution on FP32 tensors."""
-        if self.name == "tf32" or (is_conv and self.name in ("fp32", "amp_fp16", "amp_bf16")):
+        if self.name == "tf32" or (is_conv and self.name in ("fp32", "amp_fp16", "amp_bf16", "fp16_master", "amp_fp8")):
             return TF32
         return FP32
+
+    def check_device(self, kind: str, peaks: Mapping[str, float]) -> None:
+        """Refuse a device that cannot run this precision: ``amp_fp8`` needs FP8 tensor cores, a
+        ``float8`` entry in the device's ``peak_tflops`` (Hopper and later; an A100 has none)."""
+        if self.fp8_linears and not peaks.get("float8"):
+            raise PrecisionError(f"precision={self.name} needs FP8 tensor cores, and device {kind} has no float8 peak in its "
+                                 "peak_tflops (FP8 runs on Hopper, H100 / H200, and later): use precision=amp_bf16")
+
+
+def fp8_scope(model: str) -> str:
+    """Why ``amp_fp8`` does not apply to an operator or layer graph, in one line."""
+    return (f"model {model!r}: precision=amp_fp8 (FP8 linear layers) is costed on a transformer's "
+            "stack graph (model=llm, an LLM preset or model=hf with algo=megatron / fsdp); for this graph use precision=amp_bf16")
 
 
 def math_of(dtype: str, is_conv: bool, precision: Precision) -> int:

@@ -22,7 +22,7 @@ LINK_KEYS: tuple[str, ...] = ("cls", "bw_GBps", "bw_gbps", "lat_us")
 #: the keys of ``cluster.intra`` by topology
 TOPOLOGY_KEYS: dict[str, tuple[str, ...]] = {
     "mesh": ("topology", *LINK_KEYS),
-    "switch": ("topology", *LINK_KEYS),
+    "switch": ("topology", *LINK_KEYS, "nvls"),  # nvls: NCCL's NVLink SHARP (harness.core.fabric), not a route
     "pcie_tree": ("topology", *LINK_KEYS, "gpus_per_switch", "sockets", "uplink", "qpi"),
     "nvlink_mesh": ("topology", "cls", "lat_us", "link_GBps", "pairs", "fallback"),
 }

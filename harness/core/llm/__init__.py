@@ -13,4 +13,8 @@ simulator share about them (issue 33).
 * :mod:`~harness.core.llm.source`: ``model=llm`` and the published presets (``conf/model``).
 * :mod:`~harness.core.llm.hf_spec`: Hugging Face decoder configs onto a :class:`TransformerSpec`.
 * :mod:`~harness.core.llm.plan`: the parallel plan the stack algorithms return.
+* :mod:`~harness.core.llm.memory`, :mod:`~harness.core.llm.schedules`,
+  :mod:`~harness.core.llm.pipeline_links`: what the pipeline simulator and the plan search
+  (``algo=hybrid_search``) share: a plan's model states by ZeRO, the pipeline schedules' orders,
+  the send between two stages.
 """

@@ -21,6 +21,12 @@ Kernels (:class:`harness.core.kernels.KernelTable`, one node per phase), forward
 * embedding: the vocabulary-parallel lookup (+ positions, + norm, + dropout);
 * head: final norm, the column-parallel logits GEMM and the vocabulary-parallel cross-entropy.
 
+Under ``precision=amp_fp8`` the block's linear layers (QKV, output projection, the MLP's or the
+experts' projections; not the router) run the FP8 recipe of :mod:`harness.core.llm.fp8`: FP8
+GEMMs plus the kernels that quantize their operands, an FP8 all-gather of a column-parallel
+input under sequence parallelism; the attention core, the norms, the embedding and the head
+stay BF16, and the stored activations are the BF16 step's.
+
 Backward: each GEMM's input gradient (``bwd_input``) and weight gradient (``bwd_weight``, the
 zero-bubble schedules' W), the attention backward (2.5x its forward, input side), the
 memory-bound rows' gradients.  Recompute: selective re-runs the attention core forward, full the
@@ -52,6 +58,7 @@ from math import ceil
 import numpy as np
 
 from harness.core.kernels import ATTN, GEMM, MEM, NCOLS, KernelTable
+from harness.core.llm.fp8 import FP8_BYTES, fp8_linear_rows
 from harness.core.llm.shard import CollectiveCall, Shard, UnitWork
 from harness.core.llm.spec import TransformerSpec
 from harness.core.precision import Precision, math_of
@@ -82,12 +89,13 @@ class Local:
     vl: int         # local vocabulary rows
     A: int          # bytes per activation element
     math: int       # the GEMMs' math mode
+    fp8: bool = False  # the block's linear layers run the FP8 recipe (precision amp_fp8)
 
 
 def local_sizes(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard) -> Local:
     """:class:`Local` of a shard (see the module docstring)."""
     prec = Precision(precision)
-    dtype = prec.autocast_dtype or prec.param_dtype
+    dtype = prec.compute_dtype
     t, s = shard.tp, int(seq_len)
     sq = ceil(s / shard.cp)
     T = shard.micro_batch * sq
@@ -98,24 +106,37 @@ def local_sizes(spec: TransformerSpec, seq_len: int, precision: str, shard: Shar
                  ql=hl * d, kvdl=kvl * d, fl=ceil(spec.ffn_hidden / t),
                  fel=ceil(spec.expert_ffn_hidden / t) if spec.is_moe else 0, fsl=ceil(spec.expert_ffn_hidden / t) if spec.is_moe else 0,
                  le=ceil(spec.experts / shard.ep) if spec.is_moe else 0, vl=ceil(spec.vocab / t),
-                 A=2 if dtype in ("float16", "bfloat16") else 4, math=math_of(dtype, False, prec))
+                 A=2 if dtype in ("float16", "bfloat16") else 4, math=math_of(dtype, False, prec), fp8=prec.fp8_linears)
 
 
 class Phases:
-    """The kernel rows of a unit's forward, input-gradient, weight-gradient and recompute phases."""
+    """The kernel rows of a unit's forward, input-gradient, weight-gradient and recompute phases;
+    a row runs in ``math`` unless it says otherwise (an FP8 GEMM or cast)."""
 
-    def __init__(self, math: int) -> None:
+    def __init__(self, math: int, fp8: bool = False, act_bytes: int = 2) -> None:
         self.math = math
-        self.rows: dict[str, list[tuple[int, tuple[int, ...], int]]] = {"fwd": [], "bwd_input": [], "bwd_weight": [], "recompute": []}
+        self.fp8 = fp8
+        self.act_bytes = act_bytes
+        self.rows: dict[str, list[tuple[int, tuple[int, ...], int, int]]] = {"fwd": [], "bwd_input": [], "bwd_weight": [], "recompute": []}
 
-    def add(self, phase: str, kind: int, dims: tuple[int, ...], bdim: int) -> None:
-        self.rows[phase].append((kind, tuple(int(x) for x in dims), bdim))
+    def add(self, phase: str, kind: int, dims: tuple[int, ...], bdim: int, math: int | None = None) -> None:
+        self.rows[phase].append((kind, tuple(int(x) for x in dims), bdim, self.math if math is None else int(math)))
 
     def linear(self, m: int, n: int, k: int, batch: int = 1) -> None:
         """A weight GEMM ``(m x k)(k x n)``: forward, input gradient ``(m x n)(n x k)``, weight gradient ``(k x m)(m x n)``."""
         self.add("fwd", GEMM, (batch, m, n, k), 1)
         self.add("bwd_input", GEMM, (batch, m, k, n), 1)
         self.add("bwd_weight", GEMM, (batch, k, n, m), 3)
+
+    def block_linear(self, m: int, n: int, k: int, batch: int = 1, input_elements: int | None = None) -> None:
+        """A linear layer of a transformer block: :meth:`linear`, or under the FP8 recipe its FP8
+        GEMMs and quantize kernels (:func:`harness.core.llm.fp8.fp8_linear_rows`; ``input_elements``:
+        what it quantizes of its input, all of it by default)."""
+        if not self.fp8:
+            self.linear(m, n, k, batch)
+            return
+        for phase, kind, dims, bdim, math in fp8_linear_rows(m, n, k, batch, self.act_bytes, input_elements):
+            self.add(phase, kind, dims, bdim, math)
 
     def matmul(self, batch: int, m: int, n: int, k: int) -> None:
         """An activation-activation matmul (eager attention): both gradients are input gradients."""
@@ -134,17 +155,19 @@ class Phases:
         rows = self.rows[phase]
         if not rows:
             return KernelTable.empty()
-        dims = np.array([d + (0,) * (NCOLS - len(d)) for _, d, _ in rows], dtype=np.int64)
+        dims = np.array([d + (0,) * (NCOLS - len(d)) for _, d, _, _ in rows], dtype=np.int64)
         k = len(rows)
-        return KernelTable(np.zeros(k), [r[0] for r in rows], dims, [r[2] for r in rows], np.full(k, self.math), np.zeros(k, bool))
+        return KernelTable(np.zeros(k), [r[0] for r in rows], dims, [r[2] for r in rows], [r[3] for r in rows], np.zeros(k, bool))
 
 
-def mirrored(forward: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
-    """The backward's collectives mirroring forward ones: an all-gather's is a reduce-scatter and
-    the reverse, a forward all-reduce (after a row-parallel layer) has its conjugate before the
-    column-parallel one, an all-to-all is an all-to-all."""
+def mirrored(forward: list[tuple[str, str, int, int]]) -> list[tuple[str, str, int]]:
+    """The backward's collectives mirroring forward ones ``(op, group, forward bytes, backward
+    bytes)``: an all-gather's is a reduce-scatter and the reverse, a forward all-reduce (after a
+    row-parallel layer) has its conjugate before the column-parallel one, an all-to-all is an
+    all-to-all; each carries the backward bytes (a gradient in the activations' dtype where an
+    FP8 all-gather gathered a quantized input)."""
     mirror = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
-    return [(mirror[op], group, nb) for op, group, nb in reversed(forward)]
+    return [(mirror[op], group, back) for op, group, _, back in reversed(forward)]
 
 
 def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard, moe: bool) -> UnitWork:
@@ -152,17 +175,21 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     L = local_sizes(spec, seq_len, precision, shard)
     h, A, T, n = spec.hidden, L.A, L.T, L.n
     tp, sp = L.t > 1, shard.sp and L.t > 1
-    ph = Phases(L.math)
-    fwd_coll: list[tuple[str, str, int]] = []   # (op, group, nbytes) in forward order
+    ph = Phases(L.math, L.fp8, A)
+    Q = FP8_BYTES if L.fp8 else A        # bytes of a column-parallel layer's input element as it is all-gathered
+    fwd_coll: list[tuple[str, str, int, int]] = []   # (op, group, forward bytes, backward bytes) in forward order
     drop = MASK_BYTES if spec.dropout else 0
 
-    def tp_in() -> None:   # entering a tensor-parallel region (f / all-gather)
+    def tp_in() -> None:   # entering a tensor-parallel region (f / all-gather; FP8 under the recipe)
         if sp:
-            fwd_coll.append(("all_gather", "tp", T * h * A))
+            fwd_coll.append(("all_gather", "tp", T * h * Q, T * h * A))
 
     def tp_out() -> None:  # leaving it (g / reduce-scatter)
         if tp:
-            fwd_coll.append(("reduce_scatter" if sp else "all_reduce", "tp", T * h * A))
+            fwd_coll.append(("reduce_scatter" if sp else "all_reduce", "tp", T * h * A, T * h * A))
+
+    def coll(op: str, group: str, nbytes: int) -> None:
+        fwd_coll.append((op, group, nbytes, nbytes))
 
     def norm() -> None:
         ph.mem(3 * n * h * A, 4 * n * h * A)
@@ -173,7 +200,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     # --- attention
     norm()
     tp_in()
-    ph.linear(T, L.ql + 2 * L.kvdl, h)
+    ph.block_linear(T, L.ql + 2 * L.kvdl, h, input_elements=n * h)
     if spec.position == "rope":
         ph.mem(2 * T * (L.ql + L.kvdl) * A, 2 * T * (L.ql + L.kvdl) * A)
     core_start = {p: len(r) for p, r in ph.rows.items()}
@@ -189,7 +216,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
             ph.mem(2 * S * A + S, 2 * S * A + S)
         ph.matmul(L.b * L.hl, L.sq, L.d, L.s)
     core_fwd = ph.rows["fwd"][core_start["fwd"]:]
-    ph.linear(T, h, L.ql)
+    ph.block_linear(T, h, L.ql)
     tp_out()
     residual()
     # --- MLP or experts
@@ -198,9 +225,9 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     act_fwd, act_bwd = (3, 5) if spec.gated_mlp else (2, 3)
     if not moe:
         tp_in()
-        ph.linear(T, L.fl * (mats - 1), h)
+        ph.block_linear(T, L.fl * (mats - 1), h, input_elements=n * h)
         ph.mem(act_fwd * T * L.fl * A, act_bwd * T * L.fl * A)
-        ph.linear(T, h, L.fl)
+        ph.block_linear(T, h, L.fl)
         tp_out()
         Te = 0
     else:
@@ -209,44 +236,44 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
         ph.mem(3 * n * E * 4, 3 * n * E * 4)                 # softmax and top-k in FP32
         ph.mem(2 * n * k * h * A, 2 * n * k * h * A)         # permute
         if shard.ep > 1:
-            fwd_coll.append(("all_to_all", "ep", n * k * h * A))
+            coll("all_to_all", "ep", n * k * h * A)
         Te = T * k                                           # routed tokens this GPU's experts take
         if sp:
-            fwd_coll.append(("all_gather", "tp", Te * h * A))
+            coll("all_gather", "tp", Te * h * A)
         me = ceil(Te / L.le)
-        ph.linear(me, L.fel * (mats - 1), h, batch=L.le)
+        ph.block_linear(me, L.fel * (mats - 1), h, batch=L.le)
         ph.mem(act_fwd * Te * L.fel * A, act_bwd * Te * L.fel * A)
-        ph.linear(me, h, L.fel, batch=L.le)
+        ph.block_linear(me, h, L.fel, batch=L.le)
         if sp:
-            fwd_coll.append(("reduce_scatter", "tp", Te * h * A))
+            coll("reduce_scatter", "tp", Te * h * A)
         if shard.ep > 1:
-            fwd_coll.append(("all_to_all", "ep", n * k * h * A))
+            coll("all_to_all", "ep", n * k * h * A)
         if spec.shared_experts:
             tp_in()
             fs = L.fsl * spec.shared_experts
-            ph.linear(T, fs * (mats - 1), h)
+            ph.block_linear(T, fs * (mats - 1), h, input_elements=n * h)
             ph.mem(act_fwd * T * fs * A, act_bwd * T * fs * A)
-            ph.linear(T, h, fs)
+            ph.block_linear(T, h, fs)
             if sp:
-                fwd_coll.append(("reduce_scatter", "tp", T * h * A))
+                coll("reduce_scatter", "tp", T * h * A)
         ph.mem(n * k * h * A + n * h * A, 2 * n * k * h * A + n * h * A)   # un-permute: the weighted sum
         if tp and not sp:
-            fwd_coll.append(("all_reduce", "tp", T * h * A))
+            coll("all_reduce", "tp", T * h * A)
     residual()
 
     # --- recompute
     if shard.recompute == "selective":
-        for kind, dims, bdim in core_fwd:
-            ph.add("recompute", kind, dims, bdim)
+        for kind, dims, bdim, math in core_fwd:
+            ph.add("recompute", kind, dims, bdim, math)
     elif shard.recompute == "full":
-        for kind, dims, bdim in ph.rows["fwd"]:
-            ph.add("recompute", kind, dims, bdim)
+        for kind, dims, bdim, math in ph.rows["fwd"]:
+            ph.add("recompute", kind, dims, bdim, math)
 
     # --- collectives
-    calls = [CollectiveCall(op, g, nb, "forward") for op, g, nb in fwd_coll]
+    calls = [CollectiveCall(op, g, nb, "forward") for op, g, nb, _ in fwd_coll]
     calls += [CollectiveCall(op, g, nb, "backward") for op, g, nb in mirrored(fwd_coll)]
     if shard.recompute == "full":
-        calls += [CollectiveCall(op, g, nb, "recompute") for op, g, nb in fwd_coll]
+        calls += [CollectiveCall(op, g, nb, "recompute") for op, g, nb, _ in fwd_coll]
     if shard.cp > 1:
         kv = 2 * L.b * L.sq * L.kvdl * A
         calls.append(CollectiveCall("send_recv", "cp", kv, "forward", overlapped=True, count=shard.cp - 1))
@@ -254,7 +281,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
         if shard.recompute != "none":
             calls.append(CollectiveCall("send_recv", "cp", kv, "recompute", overlapped=True, count=shard.cp - 1))
 
-    # --- memory
+    # --- memory (the FP8 recipe keeps the BF16 inputs: harness.core.llm.fp8)
     unsplit = n * h * (4 * A + 2 * drop)                              # 2 norm inputs, QKV and MLP inputs, 2 dropout masks
     qkvo = T * A * (2 * L.ql + 2 * L.kvdl)                            # Q, K, V and the attention output
     core = S * (A + (MASK_BYTES + A if drop else 0)) if spec.attention == "eager" else 4 * L.b * L.hl * L.sq

@@ -32,7 +32,7 @@ MODEL_KEYS: tuple[str, ...] = (
     "head_dim", "qkv_bias", "embedding_norm", "dropout", "attention", "batch_size", "precision",
 )
 #: the algorithms that plan on a stack graph (what a refusal of the other graph kinds names)
-STACK_ALGOS = "algo=megatron, algo=fsdp or algo=data_parallel"
+STACK_ALGOS = "algo=megatron, algo=fsdp, algo=data_parallel or algo=hybrid_search"
 
 
 class LLMModel:

@@ -51,9 +51,9 @@ class StackUnit:
 
 def activation_dtype(precision: str) -> str:
     """The dtype activations are kept in under ``precision``: the autocast dtype under AMP, else
-    the parameters' (``fp32`` and ``tf32`` keep FP32 activations)."""
+    the model's (``fp16_master``'s FP16 copy; ``fp32`` and ``tf32`` keep FP32 activations)."""
     prec = Precision(precision)
-    return prec.autocast_dtype or prec.param_dtype
+    return prec.compute_dtype
 
 
 def activation_bytes(precision: str) -> int:

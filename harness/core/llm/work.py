@@ -29,6 +29,7 @@ from harness.core.kernels import KernelTable
 from harness.core.llm.block_work import block_work, embedding_work, head_work
 from harness.core.llm.shard import RECOMPUTE, CollectiveCall, Shard, UnitTimes, UnitWork
 from harness.core.llm.stack import StackGraph
+from harness.core.precision import Precision
 
 __all__ = ["RECOMPUTE", "CollectiveCall", "Shard", "UnitTimes", "UnitWork", "unit_work", "unit_times", "phase_table"]
 
@@ -71,8 +72,10 @@ def unit_times(graph: StackGraph, u: int, shard: Shard, costs: Any, device: int 
     ``device`` for one micro-batch under ``shard``, with its collectives and memory (see the
     module docstring)."""
     memo = _memo(graph, costs)
-    key = (graph.signature(u), shard, costs.cluster.devices[device].spec.kind)
+    spec = costs.cluster.devices[device].spec
+    key = (graph.signature(u), shard, spec.kind)
     if key not in memo:
+        Precision(graph.precision).check_device(spec.kind, spec.peak_flops)  # amp_fp8 on a GPU without FP8: one line
         if graph.units[u].kind == "layer":
             memo[key] = _layer_unit_times(graph, u, shard, costs, device)
         else:

@@ -1,4 +1,7 @@
-"""Pipeline schedules: the order in which one pipeline stage runs its forward and backward passes.
+"""Pipeline schedules: the order in which one pipeline stage runs its forward and backward passes
+(what a schedule *is*, so the core's: the pipeline simulator, :mod:`simulators.pipeline`, runs a
+stage's tasks in this order, and the plan search, :mod:`algorithms.llm_search_bounds`, bounds a
+plan's step by it).
 
 A pipeline of ``pp`` stages runs ``m`` micro-batches through ``pp * vpp`` model chunks (virtual
 stages); chunk ``c`` lives on stage ``c % pp`` (Megatron-LM's layout: stage ``s`` holds chunks

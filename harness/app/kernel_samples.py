@@ -1,0 +1,263 @@
+"""Measured kernels as fit samples: :class:`Samples` (what :func:`harness.app.kernel_fit.fit_model`
+fits one class to) and the A100 / H100 measurements of ``harness/data/gpu/a100_h100/`` read into
+it (that directory's README gives every source and caveat).
+
+* GEMM (``gemm.csv``): per device family and precision, the rows of that family's own boards
+  are fitted (A100; H100, with DeepGEMM's H800 FP8 rows - the H800 has the H100's SMs, tensor
+  cores and clocks, only its NVLink is cut); rows of other boards are checks, costed by the
+  fit and reported, never fitted: PCIe cards (a lower power limit), H200 / GH200 (the H100's
+  die with other memory and power), and the H100's six FP16 rows (one source, SKU and
+  software not stated, 27-40 % of the peak where every SXM5 measurement of a large GEMM reaches
+  75-80 %: FP16 costs by the BF16 fit, the same tensor-core rate).  DeepGEMM's grouped GEMMs
+  (``batch`` groups of ``m`` rows each, contiguous or masked layout) are fitted as one GEMM of
+  all the groups' rows.  Rows without dims (older MAMF
+  tables, whose printed dimension order changed between versions) cannot be costed and are
+  left out with a note.
+* Attention (``attention.csv``): FlashAttention-2's own benchmark (Dao-AILab/flash-attention,
+  batch x sequence = 16k tokens, hidden 2048): forward + backward on the A100 and the H100, and
+  forward alone on the H100.  A forward + backward row is one sample of two kernels (the
+  backward 2.5 times the forward's FLOPs, FlashAttention-2's count); the other implementations
+  (FlashAttention-1 and -3, cuDNN, Triton, xformers, PyTorch's unfused attention) are not the
+  kernel costed and are not used.
+* Memory-bound kernels (``membw.csv``): gpu-stream's bandwidths (init, read, scale, triad,
+  stencils) as fractions of each board's datasheet bandwidth; the kernel-launch interval of
+  ``gpu-small-kernels`` (back-to-back stream launches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.core.errors import UserError
+from harness.core.kernel_model import DATA, attention_features
+
+A100_H100_DATA = DATA / "gpu" / "a100_h100"
+
+#: the device family whose fit a measured board's rows train (others are checks: CHECK_GPUS)
+FAMILY: dict[str, str] = {"A100": "A100", "H100": "H100", "H800": "H100"}
+#: boards of an H100-class die measured only for reference: costed as an H100, never fitted
+CHECK_GPUS: dict[str, str] = {"H200": "H100", "GH200": "H100"}
+#: the memory fit a gpu-stream board's rows train: its family's, but the H200's own (HBM3e at
+#: 4.8 TB/s reaches a lower fraction of its datasheet than the H100's HBM2e / HBM3)
+MEMORY_FAMILY: dict[str, str] = {"A100": "A100", "H100": "H100", "H200": "H200"}
+#: datasheet memory bandwidth (GB/s) of the boards gpu-stream measured: A100 40 GB 1,555 and
+#: A100 80 GB SXM4 2,039 (A100 datasheet, 2021; gpu-benches' a100_80 board is read as the
+#: SXM4 of NHR@FAU's HGX A100 nodes, where its author works: an assumption, the file does not
+#: say), H100 PCIe 2,000 (H100 datasheet, "2TB/s"), H200 4,800 (H200 datasheet; a check)
+STREAM_DATASHEET_GBPS: dict[tuple[str, str], float] = {
+    ("A100", "40GB"): 1555.0, ("A100", "80GB"): 2039.0, ("H100", "PCIe"): 2000.0, ("H200", "H200"): 4800.0,
+}
+#: gpu-stream kernels that read and write, as a training step's memory-bound kernels do (element-wise
+#: ops, norms, casts, the optimizer): fitted; ``init`` (stores only) and ``read`` (loads only) are checks
+STREAM_FITTED: tuple[str, ...] = ("scale", "triad", "1pt", "3pt", "5pt")
+#: the FP8 dtypes of the GEMM file (E4M3 with per-tensor, or DeepGEMM's 1x128 / 128x128 block, scaling)
+FP8_PREFIX = "fp8"
+
+
+class SampleError(UserError, ValueError):
+    """A measurement file is missing or malformed."""
+
+
+@dataclass
+class Samples:
+    """Measured kernels of one (device, precision, class): GEMM dims, flags, FLOPs, seconds.
+
+    ``then``: per row, a second kernel its measured time includes, as (dims, flags, FLOPs) with
+    0 FLOPs where a row has none - a forward + backward attention measurement is its forward
+    kernel followed by its backward."""
+
+    dims: np.ndarray  # [n, 3] m, n, k
+    flags: np.ndarray  # [n, nflags] (zero columns for GEMMs)
+    flops: np.ndarray
+    time_s: np.ndarray
+    label: list[str]
+    then: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    #: per row, where it comes from (for the table's "rests_on" and the README)
+    source: list[str] = field(default_factory=list)
+
+    def take(self, idx: np.ndarray) -> "Samples":
+        """The rows ``idx``."""
+        idx = np.asarray(idx, dtype=np.int64)
+        then = None if self.then is None else tuple(a[idx] for a in self.then)
+        return Samples(self.dims[idx], self.flags[idx], self.flops[idx], self.time_s[idx], [self.label[i] for i in idx],
+                       then, [self.source[i] for i in idx] if self.source else [])  # type: ignore[arg-type]
+
+    def predict(self, model: Any, peak: float) -> np.ndarray:
+        """Seconds ``model`` (a :class:`harness.core.kernel_model.KernelModel`) gives each row."""
+        use = bool(model.flag_log.size)
+        t = model.time(self.dims, self.flops, peak, self.flags if use else None)
+        if self.then is not None:
+            dims, flags, flops = self.then
+            has = flops > 0
+            if has.any():
+                t = t.copy()
+                t[has] += model.time(dims[has], flops[has], peak, flags[has] if use else None)
+        return t
+
+    def rests_on(self) -> list[str]:
+        """Rows per source, as the table records them."""
+        return per_source(self.source or ["?"] * len(self.time_s))
+
+
+def _read(name: str, data_dir: Path) -> Any:
+    import pandas as pd
+
+    try:
+        return pd.read_csv(Path(data_dir) / name)
+    except (OSError, pd.errors.ParserError) as e:
+        raise SampleError(f"cannot read {Path(data_dir) / name}: {e}") from None
+
+
+def source_name(source: str, how: str = "") -> str:
+    """A short name for a row's source (its repository or page, without the commit), marked when
+    the value was read off a plot or a slide."""
+    name = str(source).split("@")[0].split(" (")[0].split(",")[0].strip()
+    how = str(how).upper()
+    if "READ OFF PLOT" in how:
+        name += " [read off a plot]"
+    elif "READ OFF" in how:
+        name += " [a figure's printed labels]"
+    return name
+
+
+def per_source(sources: list[str]) -> list[str]:
+    """Rows per source, as the table records what a class rests on."""
+    names, counts = np.unique(np.asarray(sources), return_counts=True)
+    return [f"{n}: {int(c)} row{'s' if c != 1 else ''}" for n, c in zip(names.tolist(), counts.tolist())]
+
+
+def gemm_precision(dtype: str) -> str:
+    """The fit precision of a ``gemm.csv`` dtype: XLA's ``f32`` runs TF32 tensor cores (its
+    values reach 401 TFLOP/s, above the FP32 peak of 67); every FP8 variant is ``fp8``."""
+    d = str(dtype)
+    if d.startswith(FP8_PREFIX):
+        return "fp8"
+    if d.startswith("f32 (XLA"):
+        return "tf32"
+    return d
+
+
+def gemm_samples(data_dir: Path = A100_H100_DATA) -> tuple[dict[tuple[str, str, str], Samples], dict[tuple[str, str, str], Samples],
+                                                           list[str]]:
+    """(fitted samples, check samples, notes) per (family, precision, "gemm")."""
+    df = _read("gemm.csv", data_dir)
+    notes: list[str] = []
+    m, n, k, b = (df[c].to_numpy(np.float64) for c in ("m", "n", "k", "batch"))
+    has_dims = np.isfinite(m) & np.isfinite(n) & np.isfinite(k)
+    if (~has_dims).any():
+        notes.append(f"a100_h100/gemm.csv: {int((~has_dims).sum())} rows without m, n, k (older MAMF tables whose printed "
+                     "dimension order changed) left out")
+    b = np.where(np.isfinite(b), b, 1.0)
+    flops = 2.0 * b * m * n * k
+    t_us = df["time_us"].to_numpy(np.float64)
+    time_s = np.where(np.isfinite(t_us), t_us * 1e-6, flops / (df["tflops"].to_numpy(np.float64) * 1e12))
+    fit: dict[tuple[str, str, str], list[int]] = {}
+    check: dict[tuple[str, str, str], list[int]] = {}
+    for i, row in enumerate(df.itertuples()):
+        if not has_dims[i]:
+            continue
+        gpu, variant, prec = str(row.gpu), str(row.gpu_variant), gemm_precision(row.dtype)
+        if gpu in CHECK_GPUS:
+            check.setdefault((CHECK_GPUS[gpu], prec, "gemm"), []).append(i)
+        elif gpu not in FAMILY:
+            notes.append(f"a100_h100/gemm.csv row {i}: GPU {gpu} is not an A100 or H100 board: left out")
+        elif "PCIe" in variant:
+            check.setdefault((FAMILY[gpu], prec, "gemm"), []).append(i)
+        elif FAMILY[gpu] == "H100" and prec == "fp16":
+            check.setdefault(("H100", "bf16", "gemm"), []).append(i)
+        else:
+            fit.setdefault((FAMILY[gpu], prec, "gemm"), []).append(i)
+    dims = np.stack([b * m, n, k], axis=1)
+    src = [source_name(s, h) for s, h in zip(df["source"], df["how_measured"])]
+
+    def samples(idx: list[int]) -> Samples:
+        j = np.asarray(idx)
+        labels = [f"{df['gpu'].iat[i]} {df['dtype'].iat[i]} gemm {int(b[i])}x{int(m[i])}x{int(n[i])}x{int(k[i])}" for i in j]
+        return Samples(dims[j], np.zeros((len(j), 0)), flops[j], time_s[j], labels, None, [src[i] for i in j])
+
+    return {key: samples(v) for key, v in fit.items()}, {key: samples(v) for key, v in check.items()}, notes
+
+
+def attention_samples(data_dir: Path = A100_H100_DATA) -> dict[tuple[str, str, str], Samples]:
+    """FlashAttention-2's benchmark rows per (family, "fp16", "attention"): FLOPs as its
+    benchmark counts them (``4 b h s^2 d``, half when causal; backward 2.5 times the forward),
+    a forward + backward row as two kernels."""
+    df = _read("attention.csv", data_dir)
+    df = df[(df["impl"] == "FlashAttention-2") & df["gpu"].isin(list(FAMILY))].reset_index(drop=True)
+    out: dict[tuple[str, str, str], Samples] = {}
+    for gpu, g in df.groupby("gpu"):
+        s = g["seqlen"].to_numpy(np.float64)
+        d = g["head_dim"].to_numpy(np.float64)
+        bh = g["batch"].to_numpy(np.float64) * g["nheads"].to_numpy(np.float64)
+        causal = (g["causal"].astype(str) == "True").to_numpy()
+        both = (g["pass"] == "fwd+bwd").to_numpy()
+        fwd_flops = 4.0 * bh * s * s * d * np.where(causal, 0.5, 1.0)
+        total = fwd_flops * np.where(both, 3.5, 1.0)
+        time_s = total / (g["tflops"].to_numpy(np.float64) * 1e12)
+        dims, flags = attention_features(s, s, d, causal, np.zeros(len(s)))
+        bdims, bflags = attention_features(s, s, d, causal, np.ones(len(s)))
+        labels = [f"{gpu} FA2 {p} {'causal' if c else 'full'} d{int(dd)} s{int(ss)}"
+                  for p, c, dd, ss in zip(g["pass"], causal, d, s)]
+        src = [source_name(a, h) for a, h in zip(g["source"], g["notes"].fillna(""))]
+        out[(FAMILY[str(gpu)], "fp16", "attention")] = Samples(dims, flags, fwd_flops, time_s, labels,
+                                                               (bdims, bflags, np.where(both, 2.5 * fwd_flops, 0.0)), src)
+    return out
+
+
+@dataclass
+class MemoryRows:
+    """gpu-stream's bandwidths of one family as fractions of each board's datasheet figure."""
+
+    fraction: np.ndarray
+    bw_GBps: np.ndarray  # each row's board's datasheet bandwidth
+    label: list[str]
+    source: list[str]
+
+    def rests_on(self) -> list[str]:
+        """Rows per source."""
+        return per_source(self.source)
+
+
+def memory_rows(data_dir: Path = A100_H100_DATA) -> tuple[dict[str, MemoryRows], dict[str, MemoryRows]]:
+    """(fitted, check) rows per memory family (:data:`MEMORY_FAMILY`): each gpu-stream kernel's
+    best bandwidth over the occupancy sweep divided by its board's datasheet bandwidth
+    (:data:`STREAM_DATASHEET_GBPS`); the kernels of :data:`STREAM_FITTED` are fitted, the others
+    checks."""
+    df = _read("membw.csv", data_dir)
+    df = df[df["benchmark"] == "gpu-stream"]
+    fit: dict[str, list[tuple[float, float, str, str]]] = {}
+    check: dict[str, list[tuple[float, float, str, str]]] = {}
+    for row in df.itertuples():
+        gpu, variant = str(row.gpu), str(row.gpu_variant)
+        board = next((key for key in STREAM_DATASHEET_GBPS if key[0] == gpu and key[1] in variant), None)
+        if board is None:
+            raise SampleError(f"a100_h100/membw.csv: no datasheet bandwidth for the gpu-stream board {gpu} {variant!r}")
+        bw = STREAM_DATASHEET_GBPS[board]
+        label = f"{gpu} {board[1]} stream {row.kernel} {float(row.value):.0f} GB/s"
+        item = (float(row.value) / bw, bw, label, source_name(row.source))
+        (fit if str(row.kernel) in STREAM_FITTED else check).setdefault(MEMORY_FAMILY[gpu], []).append(item)
+
+    def rows(v: list[tuple[float, float, str, str]]) -> MemoryRows:
+        return MemoryRows(np.array([r[0] for r in v]), np.array([r[1] for r in v]), [r[2] for r in v], [r[3] for r in v])
+
+    return {k: rows(v) for k, v in fit.items()}, {k: rows(v) for k, v in check.items()}
+
+
+def launch_intervals(data_dir: Path = A100_H100_DATA) -> dict[str, dict[str, Any]]:
+    """Per memory family, the back-to-back interval of small kernels issued on a stream
+    (gpu-small-kernels' smallest scale kernel): the A100 80 GB's, the H200's, and for the H100 the
+    H200's (the same GH100 die; no H100 was measured)."""
+    df = _read("membw.csv", data_dir)
+    df = df[(df["benchmark"] == "gpu-small-kernels") & df["config"].astype(str).str.startswith("stream launches")]
+    out: dict[str, dict[str, Any]] = {}
+    for row in df.itertuples():
+        gpu = str(row.gpu)
+        entry = {"launch_us": float(row.value), "launch_measured_on": gpu, "launch_source": source_name(row.source)}
+        for family in {MEMORY_FAMILY.get(gpu), FAMILY.get(gpu, CHECK_GPUS.get(gpu))} - {None}:
+            if family not in out or family == gpu:
+                out[family] = entry
+    return out

@@ -1,0 +1,113 @@
+"""The NCCL calibration of the fabric: what NCCL achieves of a cluster's datasheet figures.
+
+``harness/data/nccl_calibration.json`` (written by ``python -m harness.nccl_fit --write`` from
+nccl-tests and OSU measurements of A100 and H100 systems, ``harness/data/gpu/a100_h100/nccl.csv``)
+holds, per system, the factors :func:`harness.core.fabric.calibrate` applies to a fabric's
+datasheet figures before NCCL's tuning model runs on them:
+
+* an NVSwitch node of A100s (``A100/nvswitch``) or H100s (``H100/nvswitch``): ``bus_eff``, the
+  ring's bus bandwidth over the NVLink datasheet figure per direction; ``p2p_eff``, a
+  point-to-point message's bandwidth over the ring's; ``nvls_eff`` (H100), NVLS's all-reduce
+  algorithm bandwidth over the NVLink datasheet figure; ``lat_scale``, the multiplier of NCCL's
+  base and intra-node latencies;
+* InfiniBand or RoCE across nodes of those GPUs (``ib_roce``): ``net_eff``, the NIC's achieved
+  share of its line rate, and ``lat_scale``, the multiplier of NCCL's network latencies.
+
+Each system carries the held-out errors of the classes it was checked on.  A cluster no
+measurement covers (another GPU, a PCIe or cube-mesh node, Omni-Path, Ethernet) gets ``None``
+here, the datasheet model, and says so (:data:`DATASHEET`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from harness.core.kernel_model import DATA
+
+#: the committed calibration table
+TABLE = DATA / "nccl_calibration.json"
+TABLE_FORMAT = 1
+#: the label of figures taken from the cluster's datasheet (no calibration)
+DATASHEET = "datasheet"
+#: device families the measurements cover, by the prefix of a device kind (``cluster.device.kind``);
+#: H200 has the H100's NVLink 4 and third-generation NVSwitch
+FAMILIES: dict[str, str] = {"A100": "A100", "H100": "H100", "H200": "H100"}
+#: NIC link classes (``cluster.inter.cls``) the network calibration covers
+NETWORK_CLASSES: tuple[str, ...] = ("ib", "roce")
+
+
+@dataclass(frozen=True)
+class IntraCalibration:
+    """What NCCL achieves inside an NVSwitch node of one GPU family (module docstring)."""
+
+    name: str
+    bus_eff: float
+    p2p_eff: float
+    lat_scale: float
+    nvls_eff: float = 0.0  # 0: the switch has no NVLink SHARP
+
+
+@dataclass(frozen=True)
+class NetCalibration:
+    """What NCCL achieves of the NICs across nodes (module docstring)."""
+
+    name: str
+    net_eff: float
+    lat_scale: float
+
+
+def device_family(kind: str) -> str | None:
+    """The measured family of a device kind (``A100-SXM4-80GB`` -> ``A100``), None if unmeasured."""
+    k = str(kind).upper()
+    return next((fam for prefix, fam in FAMILIES.items() if k.startswith(prefix)), None)
+
+
+@lru_cache(maxsize=8)
+def load_table(path: str | None = None) -> dict[str, Any]:
+    """The calibration table (``path``, or the committed :data:`TABLE`); an empty one when the
+    file is missing, so that every fabric falls back to its datasheet figures."""
+    p = Path(path) if path is not None else TABLE
+    if not p.exists():
+        return {"format": TABLE_FORMAT, "systems": {}}
+    table = json.loads(p.read_text())
+    if table.get("format") != TABLE_FORMAT:
+        raise ValueError(f"{p} has format {table.get('format')!r}, this code reads {TABLE_FORMAT}: regenerate it "
+                         f"with python -m harness.nccl_fit --write")
+    return table
+
+
+def intra_calibration(kind: str, table: dict[str, Any] | None = None) -> IntraCalibration | None:
+    """The calibration of an NVSwitch node of ``kind`` GPUs, None where none was measured."""
+    fam = device_family(kind)
+    entry = (table or load_table())["systems"].get(f"{fam}/nvswitch") if fam else None
+    if entry is None:
+        return None
+    return IntraCalibration(f"{fam}/nvswitch", float(entry["bus_eff"]), float(entry["p2p_eff"]), float(entry["lat_scale"]),
+                            float(entry.get("nvls_eff", 0.0)))
+
+
+def net_calibration(kind: str, nic_cls: str, table: dict[str, Any] | None = None) -> NetCalibration | None:
+    """The calibration of InfiniBand / RoCE NICs (``nic_cls``) joining nodes of ``kind`` GPUs
+    (the measured systems), None for another network or GPU."""
+    if nic_cls not in NETWORK_CLASSES or device_family(kind) is None:
+        return None
+    entry = (table or load_table())["systems"].get("ib_roce")
+    if entry is None:
+        return None
+    return NetCalibration("ib_roce", float(entry["net_eff"]), float(entry["lat_scale"]))
+
+
+def source_errors(name: str, table: dict[str, Any] | None = None) -> dict[str, Any]:
+    """For a report: the held-out errors per class of calibration ``name`` (``heldout_error``:
+    class -> median and 90th percentile of |predicted / measured - 1| over the rows the fit never
+    saw, and their count), nothing for the datasheet."""
+    entry = (table or load_table())["systems"].get(name)
+    if entry is None:
+        return {}
+    return {"heldout_error": {c: {"median": e["heldout_median_abs_error"], "p90": e["heldout_p90_abs_error"], "rows": e["heldout_rows"]}
+                              for c, e in entry.get("heldout", {}).items() if e.get("heldout_rows")},
+            "table": TABLE.name}
