@@ -34,14 +34,13 @@ from algorithms.base import Algorithm
 from algorithms.block_splits import block_split_cost
 from algorithms.llm_search import Environment, Outcome, run_search
 from algorithms.llm_search_seeds import seed_plan
-from algorithms.llm_search_space import SEARCH_SCHEDULES, STAGE_MODES, SearchSpace
+from algorithms.llm_search_space import SEARCH_RECOMPUTE, SEARCH_SCHEDULES, STAGE_MODES, SearchSpace
 from algorithms.stack_plans import stack_plan_info
 from harness.core.checks import boolean, non_negative_number, optional, positive_int
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.errors import UserError
 from harness.core.fabric import fabric_of
-from harness.core.llm.shard import RECOMPUTE
 from harness.core.llm.stack import StackGraph
 from harness.core.strategy import Plan
 
@@ -59,7 +58,7 @@ class HybridSearch(Algorithm):
     def __init__(self, name: str = "hybrid_search", seed: int = 0, budget_s: float | None = None, top_k: int = 3,
                  max_tp: int | None = None, max_pp: int | None = None, max_cp: int | None = None, max_ep: int | None = None,
                  max_micro_batch: int = 8, max_vpp: int = 4, schedules: Sequence[str] | str = SEARCH_SCHEDULES,
-                 recompute: Sequence[str] | str = RECOMPUTE, zero: Sequence[int] | int = (0, 1, 2, 3),
+                 recompute: Sequence[str] | str = SEARCH_RECOMPUTE, zero: Sequence[int] | int = (0, 1, 2, 3),
                  sequence_parallel: Sequence[bool] | bool = (False, True), stages: Sequence[str] | str = STAGE_MODES,
                  seed_plan: dict[str, Any] | None = None, intra_stage: bool = True, environment: Environment | None = None) -> None:
         super().__init__(name, seed)

@@ -46,6 +46,10 @@ LONG_SEQUENCE = 32768
 #: tokens per context-parallel rank the default ``max_cp`` keeps (Llama 3, Table 4: 131,072 tokens over CP 16)
 TOKENS_PER_CP_RANK = 8192
 
+#: the recomputation modes searched unless ``algo.recompute`` names others (torchtitan's ``op``
+#: policy is a mode of the simulator, not of Megatron-LM's space; it may be asked for)
+SEARCH_RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+
 
 class Candidate(NamedTuple):
     """One point of the space (its stage partition is cut when it is costed)."""
@@ -124,7 +128,7 @@ class SearchSpace:
     max_micro_batch: int = 8
     max_vpp: int = 4
     schedules: tuple[str, ...] = SEARCH_SCHEDULES
-    recompute: tuple[str, ...] = RECOMPUTE
+    recompute: tuple[str, ...] = SEARCH_RECOMPUTE
     zero: tuple[int, ...] = (0, 1, 2, 3)
     sequence_parallel: tuple[bool, ...] = (False, True)
     stages: tuple[str, ...] = STAGE_MODES

@@ -250,7 +250,7 @@ def _torchtitan(row: Mapping[str, str]) -> _Draft:
     h200 = "H200" in row["gpu"]
     precision, why = precision_of(row["precision"])
     rc = row["recompute"].lower()
-    d = _Draft(row, "llama3_8b", "whitefiber_h200" if h200 else "torchtitan_h100", [], precision, "full" if "full" in rc else "selective")
+    d = _Draft(row, "llama3_8b", "whitefiber_h200" if h200 else "torchtitan_h100", [], precision, "full" if "full" in rc else "op")
     d.reason = why
     d.tp, d.pp, d.dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
     cp = lead_int(row["cp"]) or 1
@@ -261,11 +261,11 @@ def _torchtitan(row: Mapping[str, str]) -> _Draft:
     d.batch = local * d.dp
     if not row["global_batch_seqs"]:
         d.notes.append(f"global batch {d.batch}: the local batch {local} on each of the {d.dp} data-parallel (FSDP) ranks")
-    if d.recompute == "selective":
-        d.notes.append("torchtitan's selective AC is its per-op policy (llama3 train_configs: selective_ac_option 'op'): it keeps "
-                       "attention's output and every second matmul's and recomputes the rest (for Llama 3 8B's seven projections "
-                       "k, o and w3, about 37 % of a block's forward matmul FLOPs); simulated as the harness's selective mode "
-                       "(Korthikanti's: the attention core recomputed), which recomputes less")
+    if d.recompute == "op":
+        d.notes.append("torchtitan's selective AC is its per-op policy (llama3 train_configs: selective_ac_option 'op'), "
+                       "simulated as algo.recompute=op: it keeps attention's output and every other matmul's and recomputes "
+                       "the rest (of Llama 3 8B's seven projections k, o and w3, about 37 % of a block's forward matmul FLOPs, "
+                       "and the norms, RoPE and SwiGLU)")
     if d.pp == 1:
         d.micro_batch = local
         d.algo = ["algo=fsdp", f"algo.tp={d.tp}", f"algo.cp={cp}", f"algo.micro_batch={local}",

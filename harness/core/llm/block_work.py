@@ -30,7 +30,10 @@ stay BF16, and the stored activations are the BF16 step's.
 Backward: each GEMM's input gradient (``bwd_input``) and weight gradient (``bwd_weight``, the
 zero-bubble schedules' W), the attention backward (2.5x its forward, input side), the
 memory-bound rows' gradients.  Recompute: selective re-runs the attention core forward, full the
-whole forward (collectives included).
+whole forward (collectives included), ``op`` (torchtitan's per-op selective checkpointing, dense
+blocks) every memory-bound kernel, every second ``mm`` of :func:`harness.core.llm.flops.op_recomputed`
+and the forward collectives but the reduce-scatters, keeping the block's input, the other
+matmuls' outputs, the fused attention's output and statistics and the reduce-scatters' outputs.
 
 Collectives (Korthikanti Sec. 4): without sequence parallelism an all-reduce of ``T h`` after
 attention and after the MLP forward and one before each backward (4 per block); with it an
@@ -58,6 +61,8 @@ from math import ceil
 import numpy as np
 
 from harness.core.kernels import ATTN, GEMM, MEM, NCOLS, KernelTable
+from harness.core.errors import OptionError
+from harness.core.llm.flops import op_recomputed
 from harness.core.llm.fp8 import FP8_BYTES, fp8_linear_rows
 from harness.core.llm.shard import CollectiveCall, Shard, UnitWork
 from harness.core.llm.spec import TransformerSpec
@@ -172,10 +177,19 @@ def mirrored(forward: list[tuple[str, str, int, int]]) -> list[tuple[str, str, i
 
 def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard, moe: bool) -> UnitWork:
     """One transformer block's :class:`UnitWork` (see the module docstring)."""
+    if shard.recompute == "op" and moe:
+        raise OptionError("algo.recompute=op: torchtitan's per-op policy is modelled for dense blocks; a MoE model takes "
+                          "none, selective or full")
     L = local_sizes(spec, seq_len, precision, shard)
     h, A, T, n = spec.hidden, L.A, L.T, L.n
     tp, sp = L.t > 1, shard.sp and L.t > 1
     ph = Phases(L.math, L.fp8, A)
+    linear_rows: set[int] = set()   # forward rows of the weight matmuls (recompute=op re-runs its own choice of them)
+
+    def block_linear(m: int, n_out: int, k: int, input_elements: int | None = None) -> None:
+        start = len(ph.rows["fwd"])
+        ph.block_linear(m, n_out, k, input_elements=input_elements)
+        linear_rows.update(range(start, len(ph.rows["fwd"])))
     Q = FP8_BYTES if L.fp8 else A        # bytes of a column-parallel layer's input element as it is all-gathered
     fwd_coll: list[tuple[str, str, int, int]] = []   # (op, group, forward bytes, backward bytes) in forward order
     drop = MASK_BYTES if spec.dropout else 0
@@ -200,7 +214,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     # --- attention
     norm()
     tp_in()
-    ph.block_linear(T, L.ql + 2 * L.kvdl, h, input_elements=n * h)
+    block_linear(T, L.ql + 2 * L.kvdl, h, input_elements=n * h)
     if spec.position == "rope":
         ph.mem(2 * T * (L.ql + L.kvdl) * A, 2 * T * (L.ql + L.kvdl) * A)
     core_start = {p: len(r) for p, r in ph.rows.items()}
@@ -216,7 +230,8 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
             ph.mem(2 * S * A + S, 2 * S * A + S)
         ph.matmul(L.b * L.hl, L.sq, L.d, L.s)
     core_fwd = ph.rows["fwd"][core_start["fwd"]:]
-    ph.block_linear(T, h, L.ql)
+    core_rows = set(range(core_start["fwd"], len(ph.rows["fwd"])))
+    block_linear(T, h, L.ql)
     tp_out()
     residual()
     # --- MLP or experts
@@ -225,9 +240,9 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     act_fwd, act_bwd = (3, 5) if spec.gated_mlp else (2, 3)
     if not moe:
         tp_in()
-        ph.block_linear(T, L.fl * (mats - 1), h, input_elements=n * h)
+        block_linear(T, L.fl * (mats - 1), h, input_elements=n * h)
         ph.mem(act_fwd * T * L.fl * A, act_bwd * T * L.fl * A)
-        ph.block_linear(T, h, L.fl)
+        block_linear(T, h, L.fl)
         tp_out()
         Te = 0
     else:
@@ -268,17 +283,32 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     elif shard.recompute == "full":
         for kind, dims, bdim, math in ph.rows["fwd"]:
             ph.add("recompute", kind, dims, bdim, math)
+    elif shard.recompute == "op":
+        kept_core = core_rows if spec.attention == "flash" else set()
+        for i, (kind, dims, bdim, math) in enumerate(ph.rows["fwd"]):
+            if i not in linear_rows and i not in kept_core:
+                ph.add("recompute", kind, dims, bdim, math)
+        redo = op_recomputed(spec)
+        for name, (n_out, k) in _local_matmuls(spec, L).items():
+            if name in redo:
+                scratch = Phases(L.math, L.fp8, A)
+                scratch.block_linear(T, n_out, k, input_elements=n * h if k == h else None)
+                for kind, dims, bdim, math in scratch.rows["fwd"]:
+                    ph.add("recompute", kind, dims, bdim, math)
 
     # --- collectives
     calls = [CollectiveCall(op, g, nb, "forward") for op, g, nb, _ in fwd_coll]
     calls += [CollectiveCall(op, g, nb, "backward") for op, g, nb in mirrored(fwd_coll)]
     if shard.recompute == "full":
         calls += [CollectiveCall(op, g, nb, "recompute") for op, g, nb, _ in fwd_coll]
+    elif shard.recompute == "op":  # the reduce-scatters' outputs are kept (torchtitan's save list), the rest re-run
+        calls += [CollectiveCall(op, g, nb, "recompute") for op, g, nb, _ in fwd_coll if op != "reduce_scatter"]
+    core_again = shard.recompute in ("selective", "full") or (shard.recompute == "op" and spec.attention == "eager")
     if shard.cp > 1:
         kv = 2 * L.b * L.sq * L.kvdl * A
         calls.append(CollectiveCall("send_recv", "cp", kv, "forward", overlapped=True, count=shard.cp - 1))
         calls.append(CollectiveCall("send_recv", "cp", kv, "backward", overlapped=True, count=2 * (shard.cp - 1)))
-        if shard.recompute != "none":
+        if core_again:
             calls.append(CollectiveCall("send_recv", "cp", kv, "recompute", overlapped=True, count=shard.cp - 1))
 
     # --- memory (the FP8 recipe keeps the BF16 inputs: harness.core.llm.fp8)
@@ -294,12 +324,25 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
         mlp = 4 * n * spec.experts + A * Te * h + A * Te * L.fel * act_mult + A * T * fs * act_mult
         grad = A * max(T * (L.ql + 2 * L.kvdl), Te * L.fel * (mats - 1), T * fs * (mats - 1))
     full = unsplit + qkvo + core + mlp
-    stored = {"none": full, "selective": full - core, "full": n * h * A}[shard.recompute]
+    stored = {"none": full, "selective": full - core, "full": n * h * A}.get(shard.recompute, 0)
+    if shard.recompute == "op":   # the block's input, the kept matmuls' outputs, the fused attention's, the reduce-scatters'
+        redo = op_recomputed(spec)
+        stored = n * h * A + sum(T * n_out * A for name, (n_out, _) in _local_matmuls(spec, L).items() if name not in redo)
+        stored += (T * L.ql * A + core) if spec.attention == "flash" else 0
+        stored += 2 * n * h * A if sp else 0
     transient = (full - stored) + grad + (S * A if spec.attention == "eager" else 0)
     params = block_params_local(spec, L, moe)
     return UnitWork(ph.table("fwd"), ph.table("bwd_input"), ph.table("bwd_weight"), ph.table("recompute"), calls,
                     int(stored), int(transient), int(n * h * A), params,
                     notes={"unsplit": unsplit, "qkvo": qkvo, "core": core, "mlp": mlp, "tokens": T, "tokens_unsplit": n})
+
+
+def _local_matmuls(spec: TransformerSpec, L: Local) -> dict[str, tuple[int, int]]:
+    """A dense block's weight matmuls on one GPU (:func:`harness.core.llm.flops.block_matmuls`'
+    names): (output width, reduction width) of each, its rows being the ``T`` tokens."""
+    h = spec.hidden
+    mlp = {"w1": (L.fl, h), "w3": (L.fl, h), "w2": (h, L.fl)} if spec.gated_mlp else {"fc1": (L.fl, h), "fc2": (h, L.fl)}
+    return {"q": (L.ql, h), "k": (L.kvdl, h), "v": (L.kvdl, h), "o": (h, L.ql), **mlp}
 
 
 def block_params_local(spec: TransformerSpec, L: Local, moe: bool) -> int:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from harness.core.llm.spec import TransformerSpec
 
-RECOMPUTE_KINDS: tuple[str, ...] = ("none", "selective", "full")
+RECOMPUTE_KINDS: tuple[str, ...] = ("none", "selective", "full", "op")
 
 
 def _check(recompute: str) -> str:
@@ -81,17 +81,60 @@ def model_flops(spec: TransformerSpec, batch_seqs: int, seq_len: int | None = No
     return 3.0 * batch_seqs * s * (layers_forward_flops(spec, s, causal) + logit_flops(spec))
 
 
+def block_matmuls(spec: TransformerSpec) -> list[tuple[str, bool]]:
+    """A dense block's weight matmuls in the order its forward runs them (torchtitan's Llama:
+    ``wq, wk, wv, wo``, then ``w1, w3, w2`` gated or ``fc1, fc2``), each with whether it is an
+    ``aten.mm`` (no bias; a biased linear is an ``addmm``)."""
+    qkv_mm = not (spec.linear_bias or spec.qkv_bias)
+    mm = not spec.linear_bias
+    mlp = [("w1", mm), ("w3", mm), ("w2", mm)] if spec.gated_mlp else [("fc1", mm), ("fc2", mm)]
+    return [("q", qkv_mm), ("k", qkv_mm), ("v", qkv_mm), ("o", mm), *mlp]
+
+
+def op_recomputed(spec: TransformerSpec) -> set[str]:
+    """The matmuls of :func:`block_matmuls` that torchtitan's per-op selective checkpointing
+    (``recompute=op``; torchtitan ``apply_ac``, ``selective_ac_option = "op"``) re-runs in the
+    backward: it keeps the outputs of the ``aten.mm`` calls but every second one (counted in
+    forward order), so every second ``mm`` and every ``addmm`` are recomputed (Llama: k, o, w3)."""
+    out, count = set(), 0
+    for name, is_mm in block_matmuls(spec):
+        count += is_mm
+        if not is_mm or count % 2 == 0:
+            out.add(name)
+    return out
+
+
+def _matmul_flops(spec: TransformerSpec, name: str) -> float:
+    """Forward FLOPs per token of one matmul of :func:`block_matmuls`."""
+    h = spec.hidden
+    width = {"q": spec.q_dim, "k": spec.kv_dim, "v": spec.kv_dim, "o": spec.q_dim}.get(name, spec.ffn_hidden)
+    return 2.0 * h * width
+
+
+def op_recompute_flops(spec: TransformerSpec, seq_len: int, causal: bool = False) -> float:
+    """Forward FLOPs per token of one dense block that ``recompute=op`` re-runs: the matmuls of
+    :func:`op_recomputed`, and the attention core when it is eager (its matmuls are ``bmm``s,
+    not kept; a fused attention kernel's output is)."""
+    core = core_flops(spec, seq_len, causal) if spec.attention == "eager" else 0.0
+    return sum(_matmul_flops(spec, m) for m in op_recomputed(spec)) + core
+
+
 def hardware_flops(spec: TransformerSpec, batch_seqs: int, recompute: str, seq_len: int | None = None,
                    causal: bool = False) -> float:
     """Hardware FLOPs of one iteration: model FLOPs plus the recomputation's (full:
     ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``, the blocks' forward once more; selective:
-    ``72 B s l h^2 (1 + s/(3h) + V/(12 l h))``, Korthikanti's count of the attention core)."""
+    ``72 B s l h^2 (1 + s/(3h) + V/(12 l h))``, Korthikanti's count of the attention core; op:
+    the matmuls :func:`op_recompute_flops` counts, once more per block)."""
     s = spec.seq_len if seq_len is None else int(seq_len)
     base = model_flops(spec, batch_seqs, s, causal)
     if _check(recompute) == "full":
         return base + batch_seqs * s * layers_forward_flops(spec, s, causal)
     if recompute == "selective":
         return base + 3.0 * batch_seqs * s * spec.layers * core_flops(spec, s, causal)
+    if recompute == "op":
+        if spec.moe_layers:
+            raise ValueError("recompute=op (torchtitan's per-op policy) is modelled for dense blocks only")
+        return base + batch_seqs * s * spec.layers * op_recompute_flops(spec, s, causal)
     return base
 
 

@@ -11,7 +11,10 @@ from harness.core.checks import boolean, one_of, positive_int
 from harness.core.errors import OptionError
 from harness.core.kernels import KernelTable
 
-RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+#: recomputation modes: none; selective (Korthikanti: the attention core); full (the whole block from
+#: its input); op (torchtitan's per-op selective checkpointing: every second matmul and the
+#: memory-bound ops re-run, the other matmuls' and the fused attention's outputs kept)
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op")
 #: the collectives a unit calls (NCCL's names; ``send_recv``: one ring step of context parallelism)
 COLLECTIVE_OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 #: the groups a unit's collectives run in (DP / ZeRO and PP traffic is the simulator's, from the plan)
@@ -26,7 +29,7 @@ class Shard:
     Sec. 4.2.2), context-parallel degree ``cp`` (the sequence split, ring attention), expert
     parallelism ``ep`` (the experts of a MoE layer split), the sequences of one micro-batch on
     one data-parallel replica, and the recomputation (``none``, ``selective``: the attention core,
-    ``full``: the whole block from its input).  Each value is checked, naming ``algo.<key>``."""
+    ``full``: the whole block from its input, ``op``: torchtitan's per-op policy, :data:`RECOMPUTE`).  Each value is checked, naming ``algo.<key>``."""
 
     tp: int = 1
     sp: bool = False           # sequence parallelism (needs tp > 1 to mean anything)

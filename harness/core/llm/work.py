@@ -12,7 +12,8 @@ A CNN unit's backward is split into its input and weight gradients evenly for la
 parameters (a convolution's or linear layer's two gradient passes do the same FLOPs; a layer
 without parameters has only the input gradient); its activations kept for the backward are the
 outputs of its layers (``none`` and ``selective``: a CNN has no attention core to recompute), or
-with ``full`` recomputation only its input, the whole forward then re-run before its backward.
+with ``full`` recomputation only its input, the whole forward then re-run before its backward
+(``op``, torchtitan's per-op policy for transformer blocks, is refused).
 Tensor, context and expert parallelism do not apply to a CNN's units: asking for them is refused.
 
 The shard and result types are :mod:`harness.core.llm.shard`'s, re-exported here.
@@ -93,6 +94,9 @@ def _layer_unit_times(graph: StackGraph, u: int, shard: Shard, costs: Any, devic
         if value > 1:
             raise OptionError(f"algo.{key}={value}: model {graph.name!r} is a chain of layers (a CNN's stack graph), which has no "
                               f"{what}-parallel split; use algo.{key}=1 (pipeline and data parallelism apply)")
+    if shard.recompute == "op":
+        raise OptionError(f"algo.recompute=op: model {graph.name!r} is a chain of layers (a CNN's stack graph); torchtitan's "
+                          "per-op policy is modelled for transformer blocks; use none or full")
     lg = graph.layer_graph
     if lg is None or graph.unit_nodes is None:
         raise ModelConfigError(f"model {graph.name!r}: its stack graph has no layer graph to cost its units by (a graph read back "
