@@ -212,12 +212,12 @@ class CalibratedCostModel:
         t = np.zeros(len(kt))
         used = self._used.setdefault(spec.kind, set())
         mem = kt.kind == MEM
+        m = self._memory_fit(spec.kind)
+        launch, bw = (self.launch, spec.mem_bw * self.mem_eff) if m is None else \
+            (float(m["launch_us"]) * 1e-6, spec.mem_bw * float(m["bw_fraction"]))
         if mem.any():
-            m = self._memory_fit(spec.kind)
-            if m is None:
-                t[mem] = self.launch + dims[mem, 0] / (spec.mem_bw * self.mem_eff)
-            else:
-                t[mem] = float(m["launch_us"]) * 1e-6 + dims[mem, 0] / (spec.mem_bw * float(m["bw_fraction"]))
+            t[mem] = launch + dims[mem, 0] / bw
+            if m is not None:
                 used.add(f"{self.devices[spec.kind].get('memory', self.devices[spec.kind]['ref'])} memory-bound: "
                          f"{float(m['bw_fraction']):.3f} of {spec.mem_bw / 1e9:.0f} GB/s, launch {float(m['launch_us']):.2f} us")
         flops = kt.flops(dims)
@@ -237,6 +237,11 @@ class CalibratedCostModel:
                         continue
                     used.add(fit.label)
                     t[part] = self._class_rows(fit, kind, dims[part], flops[part], kt)
+                    if m is not None:
+                        # no kernel moves its operands faster than the measured memory-bound kernels
+                        # do: where a fit extrapolates past its measurements (a short reduction dim,
+                        # a thin batched matmul) its bytes over that bandwidth bound it from below
+                        t[part] = np.maximum(t[part], launch + kt.nbytes(dims)[part] / bw)
         if roofline.any():  # a class no measured GPU has (attention on a P100 / V100): the roofline's
             rows = np.flatnonzero(roofline)
             scaled = KernelTable(np.zeros(len(rows)), kt.kind[rows], dims[rows].astype(np.int64), kt.bdim[rows], kt.math[rows],
