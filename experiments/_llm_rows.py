@@ -277,15 +277,14 @@ def _torchtitan(row: Mapping[str, str]) -> _Draft:
         d.schedule = "interleaved" if interleaved else "1f1b"
         layers = lead_int(row["layers"]) or 0
         stages = torchtitan_stages(layers, d.pp, d.vpp)
-        d.algo = ["algo=megatron", "algo.zero=3", f"algo.tp={d.tp}", f"algo.pp={d.pp}", f"algo.dp={d.dp}", f"algo.cp={cp}",
+        d.algo = ["algo=megatron", "algo.zero=3", "algo.gather_once=true", f"algo.tp={d.tp}", f"algo.pp={d.pp}", f"algo.dp={d.dp}", f"algo.cp={cp}",
                   f"algo.vpp={d.vpp}", f"algo.schedule={d.schedule}", f"algo.micro_batch={d.micro_batch}", "algo.sequence_parallel=true",
                   f"algo.stages=[{','.join(map(str, stages))}]"]
         d.notes.append(f"{d.pp} micro-batches of {d.micro_batch} (torchtitan's pipeline_parallel_microbatches default: the pipeline "
                        f"degree), {'2 stages per rank (its default for a looped schedule), ' if interleaved else ''}blocks split as "
                        f"its generate_split_points does; torchtitan's FSDP under PP gathers a stage's weights once and reduce-scatters "
                        "its gradients once per step (reshard_after_forward=False, and torch.distributed.pipelining keeps them "
-                       "unsharded and unsynchronised until the last micro-batch), where algo=megatron's ZeRO-3 gathers before "
-                       "every micro-batch's forward and backward and reduce-scatters after every backward")
+                       "unsharded and unsynchronised until the last micro-batch): algo.gather_once=true")
     notes = row["notes"].lower()
     if "per gpu" in notes and "assumed" in notes:
         d.notes.append("the page's 'tokens/sec' is taken per GPU, as torchtitan logs it (tokens per second per device)")

@@ -34,7 +34,9 @@ Per stage, in :func:`harness.core.llm.schedules.stage_order`'s order, per op and
   after the optimizer step; ZeRO-3 / FSDP: an all-gather of the unit's parameters before every
   forward and (``reshard_after_forward``) backward of it, issued when the compute two unit-uses
   earlier ends (one unit of prefetch), and a reduce-scatter of its gradient after every
-  backward (every micro-batch, as FSDP2 without ``no_sync``).  Expert parameters reduce over the
+  backward (every micro-batch, as FSDP2 without ``no_sync``); with ``gather_once`` (torchtitan's
+  FSDP2 under a pipeline) one gather per unit at its first forward and one reduce-scatter after
+  its last backward.  Expert parameters reduce over the
   expert-data-parallel group (``dp * cp / ep`` ranks);
 * **optimizer**: one COMPUTE task per stage at the end, memory-bound: Adam reads and writes its
   fp32 states and reads the gradient, writes the weight, for the local (ZeRO-sharded) elements.
@@ -199,7 +201,10 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
             for u in us:
                 uc = units[u]
                 unit_start = len(prio)
-                gathered = zero3 and (op.kind == "F" or (op.kind == "B" and reshard))
+                if plan.gather_once:  # the first forward of the step gathers; the parameters stay
+                    gathered = zero3 and op.kind == "F" and u not in first_fwd
+                else:
+                    gathered = zero3 and (op.kind == "F" or (op.kind == "B" and reshard))
                 if gathered:  # issued when the unit use two before this one ends: one unit of prefetch
                     j = len(uses)
                     gs = param_colls(s, "all_gather", split_params([u]), w_b, f"dp all_gather {uc.name}",
@@ -226,7 +231,7 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
                         tk.dep(a, prio[unit_start])
                     uses.append(t)
                 if op.kind == ("W" if split else "B"):  # the unit's gradient of micro-batch i is complete
-                    if zero3:
+                    if zero3 and (i == m - 1 or not plan.gather_once):
                         rs = param_colls(s, "reduce_scatter", split_params([u]), g_b, f"dp reduce_scatter {uc.name}", BACKWARD, [t])
                         if i == m - 1:
                             last_rs += rs

@@ -12,7 +12,8 @@ simulated timeline (each forward allocates its unit's stored bytes, freed when i
 or W - ends: the micro-batches in flight come out of the schedule); transient: the largest
 transient working set of the stage's units; buffers: the received P2P activation and gradient,
 ZeRO-3's gathered parameters (the unit in use and the prefetched one, or all the stage's when
-parameters stay gathered from forward to backward) and one unit's unsharded gradient, ZeRO-2's
+parameters stay gathered from forward to backward) and one unit's unsharded gradient (``gather_once``:
+all the stage's weights and unsharded gradients), ZeRO-2's
 one bucket of unsharded gradients.  Not modelled: NCCL's own buffers, the allocator's
 fragmentation, CUDA context (about 0.5-1 GB a GPU in practice).
 """
@@ -166,7 +167,9 @@ def static_memory(plan: ParallelPlan, units: Sequence[UnitCost], stage_units: Se
         out["transient"][s] = max((units[u].transient_bytes for u in us), default=0)
         biggest = max((units[u].params_local for u in us), default=0)
         buf = 2 * max((units[u].boundary_bytes for u in us), default=0) if pp > 1 else 0
-        if plan.zero == 3:
+        if plan.zero == 3 and plan.gather_once:  # the stage's weights and its unsharded gradients, all step
+            buf += w * full + g * full
+        elif plan.zero == 3:
             gathered = 2 * biggest if plan.reshard_after_forward else full
             buf += w * gathered + g * biggest
         elif plan.zero == 2:

@@ -86,6 +86,28 @@ def test_zero3_gathers_and_reduces_every_micro_batch() -> None:
     assert sum(tg2.label[t].startswith("dp all_gather") for t in np.flatnonzero(tg2.meta["cat"] == CAT["dp"])) == 5 * 3
 
 
+def test_gather_once_gathers_and_reduces_each_unit_once_a_step() -> None:
+    """torchtitan's FSDP2 under a pipeline (``gather_once``): each unit of a stage gathered at its
+    first forward and reduce-scattered after its last backward, whatever the micro-batches and the
+    schedule; the stage's weights and unsharded gradients held all step."""
+    P, d, m = 1_000_000, 4, 6
+    for sched, vpp, stages in (("1f1b", 1, (2, 2)), ("interleaved", 2, (1, 1, 1, 1))):
+        plan = ParallelPlan(tp=1, pp=2, dp=d, zero=3, stages=stages, schedule=sched, vpp=vpp, gather_once=True)
+        tg, _, _ = run(plan, m, units_of(4, params=P))
+        labels = [tg.label[t] for t in np.flatnonzero(tg.meta["cat"] == CAT["dp"])]
+        assert sum(x.startswith("dp all_gather") for x in labels) == 4
+        assert sum(x.startswith("dp reduce_scatter") for x in labels) == 4
+    every = ParallelPlan(tp=1, pp=2, dp=d, zero=3, stages=(2, 2))
+    once = ParallelPlan(tp=1, pp=2, dp=d, zero=3, stages=(2, 2), gather_once=True)
+    units = units_of(4, params=P)
+    w, g, _ = STATE_BYTES["amp_bf16"]
+    per_stage = [plan_mem["buffers"][0] for plan_mem in (static_memory(p, units, [p.stage_units(s) for s in range(2)], "amp_bf16")
+                                                          for p in (every, once))]
+    boundary = 2 * units[0].boundary_bytes
+    assert per_stage[1] - boundary == (w + g) * 2 * P           # the stage's two units, gathered, and their gradients
+    assert per_stage[0] - boundary == w * 2 * P + g * P         # the unit in use and the prefetched one, one unit's gradient
+
+
 def test_bucketed_reduction_overlaps_the_backward() -> None:
     units = units_of(8, params=20_000_000)  # 40 MB of 16-bit gradients a unit: one bucket per 4 units
     kw = dict(tp=1, pp=1, dp=8, zero=1, stages=(8,), bucket_bytes=160_000_000)

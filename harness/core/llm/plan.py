@@ -190,6 +190,10 @@ class ParallelPlan:
     #: ZeRO-3 / FSDP: free the gathered parameters after a unit's forward and gather them again for its
     #: backward (FSDP's reshard_after_forward; ZeRO-3); False keeps them from forward to backward (ZeRO-2-like memory)
     reshard_after_forward: bool = True
+    #: ZeRO-3 under a pipeline as torchtitan runs FSDP2 with torch.distributed.pipelining: each unit's
+    #: parameters gathered once per step (its first forward) and kept, its gradients accumulated
+    #: unsharded and reduce-scattered once, after its last micro-batch's backward
+    gather_once: bool = False
     #: who made the plan (``algo``), for strategy.json; not part of the plan's identity
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -200,7 +204,7 @@ class ParallelPlan:
         put(self, "schedule", one_of(self.schedule, "algo.schedule", SCHEDULES, PlanError))
         put(self, "recompute", recompute_name(self.recompute))
         put(self, "zero", zero_stage(self.zero))
-        for k in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward"):
+        for k in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "gather_once"):
             put(self, k, boolean(getattr(self, k), f"algo.{k}", PlanError))
         stages = self.stages
         if isinstance(stages, np.ndarray):
@@ -596,7 +600,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
                       vpp: int = 1, schedule: str | None = None, micro_batch: int = 1, recompute: str = "none",
                       sequence_parallel: bool = False, zero: int = 0, stages: str | Sequence[int] | None = None,
                       overlap_grad_reduce: bool = True, overlap_param_gather: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                      reshard_after_forward: bool = True,
+                      reshard_after_forward: bool = True, gather_once: bool = False,
                       weights: Sequence[float] | np.ndarray | Callable[[ParallelPlan], Sequence[float]] | None = None,
                       meta: dict[str, Any] | None = None) -> ParallelPlan:
     """The validated plan of the given degrees on ``num_gpus`` GPUs: ``dp`` defaults to the GPUs
@@ -618,7 +622,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, schedule=sched, micro_batch=micro_batch, recompute=recompute,
                         sequence_parallel=sequence_parallel, zero=zero, stages=spec if isinstance(spec, tuple) else (),
                         overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather, bucket_bytes=bucket_bytes,
-                        reshard_after_forward=reshard_after_forward, meta=dict(meta or {}))
+                        reshard_after_forward=reshard_after_forward, gather_once=gather_once, meta=dict(meta or {}))
     check_gpus(plan, num_gpus)
     check_shape(plan, graph)
     check_schedule(plan)
