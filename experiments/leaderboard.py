@@ -7,7 +7,8 @@ ideal ``W / D``: the graph's total compute on one device spread perfectly over t
 devices (splitting an operator never removes work).  Operator-graph algorithms and
 layer-graph algorithms (OptCNN, PaSE and their baselines) see the step at different
 granularities, costed op by op or layer by layer, so each is measured against the W of
-the graph it was given.  Search time and OOM are reported beside it; a timeout or an error
+the graph it was given; the stack planners (Megatron, FSDP, the hybrid search: a CNN's
+layers in order as pipeline units) are costed layer by layer, against the layer graph's W.  Search time and OOM are reported beside it; a timeout or an error
 is a cell with its reason, not a number.
 """
 
@@ -43,7 +44,7 @@ def run_cell(overrides: Sequence[str]) -> dict[str, Any]:
     cfg = compose([*overrides, "output.worth=false"])  # the cell has its own reference, W / D
     res = run(cfg)
     source, cluster, costs, algo, _ = build(cfg)
-    if getattr(algo, "graph_kind", "op") == "layer":
+    if getattr(algo, "graph_kind", "op") in ("layer", "stack"):  # a CNN's stack units are runs of its layer graph
         fwd, bwd = costs.layer_times(source.layer_graph(), 0)
         work = float(fwd.sum() + bwd.sum())
     else:
@@ -149,11 +150,12 @@ def write_readme(df: pd.DataFrame, best: pd.DataFrame, out: Path, cmd: str) -> N
         "",
         "Each cell is a `python -m harness model=M cluster=C algo=A` job (calibrated costs, the default; the event simulator).",
         "The figure is the simulated step time over the ideal `W / D` (the graph's total compute on one device spread",
-        "perfectly over its devices; layer-graph algorithms (OptCNN, PaSE, MP, OWT, MCMC) are measured against the",
-        "layer graph's W, operator placements against the op graph's); OOM is a plan that does not fit device memory",
+        "perfectly over its devices; layer-graph algorithms (OptCNN, PaSE, MP, OWT, MCMC) and the stack planners",
+        "(megatron, fsdp, hybrid_search: the layers in order as pipeline units, costed layer by layer) are measured",
+        "against the layer graph's W, operator placements against the op graph's); OOM is a plan that does not fit device memory",
         "in the simulator; T is a job that exceeded the time limit, E one that failed (`leaderboard.csv` has the",
         "message). Costing a step layer by layer leaves out the per-kernel launch overheads of the op graph, so",
-        "compare layer-graph algorithms with `data_parallel@layer` (data parallelism costed the same way) and",
+        "compare layer-graph algorithms and stack planners with `data_parallel@layer` (data parallelism costed the same way) and",
         "operator placements with `data_parallel`.",
         "",
         "## Best algorithm per setting (fastest simulated step that fits in memory)",
