@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import yaml
 
+from harness.app.compose import compose
+from harness.app.run import build
 from harness.core.cluster import build_cluster, device_spec
 from harness.core.errors import ClusterError, OptionError
 from harness.core.fabric import (OPS, Fabric, Group, all_to_all_time, bus_bandwidth, calibrate, collective_time, fabric_of,
                                  fabric_report, nvls_time, p2p_time, rank_layout)
-from harness.core.nccl_calibration import IntraCalibration, NetCalibration, load_table
+from harness.core.nccl_calibration import PCIE, IntraCalibration, NetCalibration, load_table
 from tests.helpers import DEVICE, make_cluster, preset_cluster
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster"
@@ -299,7 +301,8 @@ def test_calibrate_scales_the_datasheet_figures():
 
 def test_fabric_of_calibrates_the_measured_systems():
     """A100 / H100 NVSwitch nodes and InfiniBand / RoCE take the table's factors; NVLS is on by
-    default on H100 only; Omni-Path, V100, P100 and a PCIe node keep their datasheet figures."""
+    default on H100 only; Omni-Path and V100 / P100 NVLink nodes keep their datasheet figures (a
+    P100 / V100 PCIe node: test_a_pcie_node_prices_its_all_reduce_as_the_event_simulator_does)."""
     table = load_table()
     a100, h100 = table["systems"]["A100/nvswitch"], table["systems"]["H100/nvswitch"]
     f = fabric_of(preset_cluster("cluster=superpod_a100"))
@@ -312,9 +315,26 @@ def test_fabric_of_calibrates_the_measured_systems():
     assert fabric_of(preset_cluster("cluster=parametric")).nvls_bw > 0  # nvls: null, an H100
     assert fabric_of(preset_cluster("cluster=jean_zay_a100")).inter_source == "datasheet"  # Omni-Path
     for overrides in (["cluster=dgx1_v100"], ["cluster=p100x16_4nodes"], ["cluster=parametric", "cluster/device=p100_sxm2"],
-                      ["cluster=v100x4_pcie"]):
+                      ["cluster=cpu2"]):
         cl = preset_cluster(*overrides)
         assert fabric_of(cl) == fabric_of(cl, calibrated=False), overrides
+
+
+@pytest.mark.parametrize("preset, gpus", [("p100x8", 8), ("v100x4_pcie", 4)])
+def test_a_pcie_node_prices_its_all_reduce_as_the_event_simulator_does(preset: str, gpus: int) -> None:
+    """A P100 / V100 PCIe node's ring runs at DeepBench's measured all-reduce efficiency (the fit
+    the calibrated cost model charges the event simulator's all-reduces): a gradient-sized
+    all-reduce costs the same in both within NCCL's and the fit's latency terms; a point-to-point
+    message keeps the datasheet rate; the report names the source."""
+    cl = preset_cluster(f"cluster={preset}")
+    costs = build(compose(["model=lenet5", f"cluster={preset}"]))[2]
+    f, raw = fabric_of(cl), fabric_of(cl, calibrated=False)
+    assert f.intra_source == PCIE and f.p2p_bw == pytest.approx(raw.intra_bw)
+    for nbytes in (25e6, 259e6):
+        event = costs.allreduce_time(nbytes, list(range(gpus)))
+        assert collective_time(f, "all_reduce", nbytes, Group(gpus)) == pytest.approx(event, rel=0.05)
+        assert collective_time(raw, "all_reduce", nbytes, Group(gpus)) < 0.5 * event   # the datasheet ring: over 2x faster
+    assert fabric_report(f)["intra"]["source"] == PCIE
 
 
 def test_nvls_on_an_a100_is_refused():

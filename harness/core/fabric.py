@@ -50,7 +50,8 @@ import numpy as np
 from harness.core.checks import positive_int
 from harness.core.cluster import Cluster
 from harness.core.errors import ClusterError, OptionError
-from harness.core.nccl_calibration import DATASHEET, IntraCalibration, NetCalibration, intra_calibration, net_calibration, source_errors
+from harness.core.nccl_calibration import (DATASHEET, IntraCalibration, NetCalibration, intra_calibration, net_calibration,
+                                           PCIE_FAMILIES, pcie_calibration, source_errors)
 
 #: the collectives :func:`collective_time` costs
 OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
@@ -254,7 +255,8 @@ def fabric_of(cluster: Cluster, calibrated: bool = True) -> Fabric:
         return fabric
     kind = devs[0].spec.kind
     switch = g > 1 and intra_link == "nvlink" and meta.get("intra_topology", "switch") == "switch"
-    intra = intra_calibration(kind) if switch else None
+    pcie = g > 1 and intra_link == "pci" and str(kind).upper().startswith(PCIE_FAMILIES)
+    intra = intra_calibration(kind) if switch else (pcie_calibration() if pcie else None)
     nvls = meta.get("nvls")
     if nvls and g > 1 and (intra is None or intra.nvls_eff <= 0):  # one GPU a node: nothing for NVLS to do
         raise ClusterError(f"cluster.intra.nvls=true: NVLink SHARP needs third-generation NVSwitch (an H100 / H200 "

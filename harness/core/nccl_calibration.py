@@ -13,9 +13,12 @@ datasheet figures before NCCL's tuning model runs on them:
 * InfiniBand or RoCE across nodes of those GPUs (``ib_roce``): ``net_eff``, the NIC's achieved
   share of its line rate, and ``lat_scale``, the multiplier of NCCL's network latencies.
 
-Each system carries the held-out errors of the classes it was checked on.  A cluster no
-measurement covers (another GPU, a PCIe or cube-mesh node, Omni-Path, Ethernet) gets ``None``
-here, the datasheet model, and says so (:data:`DATASHEET`).
+Each system carries the held-out errors of the classes it was checked on.  A PCIe node takes
+the one all-reduce measured on PCIe here, DeepBench's on eight P100s (:func:`pcie_calibration`:
+the ring efficiency ``harness.core.calibrated`` charges the event simulator's all-reduces, so
+both simulators price a PCIe node's collectives alike).  A cluster no measurement covers
+(another GPU's NVSwitch, a cube-mesh node, Omni-Path, Ethernet) gets ``None`` here, the
+datasheet model, and says so (:data:`DATASHEET`).
 """
 
 from __future__ import annotations
@@ -88,6 +91,27 @@ def intra_calibration(kind: str, table: dict[str, Any] | None = None) -> IntraCa
         return None
     return IntraCalibration(f"{fam}/nvswitch", float(entry["bus_eff"]), float(entry["p2p_eff"]), float(entry["lat_scale"]),
                             float(entry.get("nvls_eff", 0.0)))
+
+
+#: the name a PCIe node's calibration reports (:func:`pcie_calibration`), and the GPU families it
+#: applies to: DeepBench's era, whose all-reduces the event simulator charges at the same fit
+PCIE = "DeepBench P100 PCIe all-reduce"
+PCIE_FAMILIES: tuple[str, ...] = ("P100", "V100")
+
+
+def pcie_calibration() -> IntraCalibration | None:
+    """A PCIe node's calibration from DeepBench's all-reduces on eight P100s over PCIe (the
+    ``allreduce`` fits of ``harness/data/kernel_calibration.json``, one node): the ring's bus
+    bandwidth at the measured efficiency ``eta`` of the largest single-node group; a
+    point-to-point message at the datasheet rate (no PCIe send was measured); NCCL's latencies
+    as they are.  None when the table has no single-node fit."""
+    from harness.core.kernel_model import load_table as kernel_table
+
+    fits = [(int(p), f) for p, f in kernel_table().get("allreduce", {}).get("fits", {}).items() if int(f.get("nodes", 1)) == 1]
+    if not fits:
+        return None
+    eta = float(max(fits, key=lambda pf: pf[0])[1]["eta"])
+    return IntraCalibration(PCIE, eta, 1.0 / eta, 1.0)
 
 
 def net_calibration(kind: str, nic_cls: str, table: dict[str, Any] | None = None) -> NetCalibration | None:
