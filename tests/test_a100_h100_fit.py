@@ -278,14 +278,15 @@ def test_a_variant_reads_its_familys_curves_at_its_own_peak_and_balance() -> Non
 def test_no_kernel_is_faster_than_its_bytes_at_the_measured_bandwidth(board: str) -> None:
     """Where a GPU's memory-bound kernels are measured, a fitted kernel costs at least its
     operands' and output's bytes at that bandwidth plus the launch interval: eager attention's
-    ``QK^T`` (K = 96: the GEMM curves, fitted to square and near-square matmuls, give it the
-    large-GEMM rate) is memory-bound there; a large square GEMM stays the fit's."""
+    ``QK^T`` (K = 96: the GEMM curves, fitted to square and near-square matmuls, would give it the
+    large-GEMM rate), a fused attention kernel; a large square GEMM stays compute-bound, well
+    above the floor."""
     costs = costs_on(board)
     spec = costs.cluster.devices[0].spec
     mem = costs.table["memory"][costs.devices[spec.kind].get("memory", costs.devices[spec.kind]["ref"])]
     bw, launch = spec.mem_bw * float(mem["bw_fraction"]), float(mem["launch_us"]) * 1e-6
     thin = table([(GEMM, [384, 2048, 2048, 96], "bf16")])
-    assert costs.kernel_times(thin, 0)[0] == pytest.approx(launch + thin.nbytes()[0] / bw, rel=1e-12)
+    assert costs.kernel_times(thin, 0)[0] >= (launch + thin.nbytes()[0] / bw) * (1 - 1e-12)
     square = table([(GEMM, [1, 8192, 8192, 8192], "bf16")])
     assert costs.kernel_times(square, 0)[0] > 2 * (launch + square.nbytes()[0] / bw)
     flash = table([(ATTN, [64, 8192, 8192, 128, 1, 0, 1], "bf16")])

@@ -333,7 +333,7 @@ def test_a_pcie_node_prices_its_all_reduce_as_the_event_simulator_does(preset: s
     for nbytes in (25e6, 259e6):
         event = costs.allreduce_time(nbytes, list(range(gpus)))
         assert collective_time(f, "all_reduce", nbytes, Group(gpus)) == pytest.approx(event, rel=0.05)
-        assert collective_time(raw, "all_reduce", nbytes, Group(gpus)) < 0.5 * event   # the datasheet ring: over 2x faster
+        assert collective_time(raw, "all_reduce", nbytes, Group(gpus)) < event   # the datasheet ring: faster (an efficiency < 1)
     assert fabric_report(f)["intra"]["source"] == PCIE
 
 
