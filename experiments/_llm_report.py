@@ -14,7 +14,7 @@ import pandas as pd
 from experiments._llm_figures import CONVENTIONS
 from experiments._gpu_fit_spread import band_reading
 from experiments._llm_tables import GOAL_MEDIAN, GOAL_ROW, GOAL_TAU, SWEEP, sweep_noise
-from experiments.common import frame_markdown, md_cell, style
+from experiments.common import frame_markdown, md_cell, parity_plot
 
 #: one colour and marker per group, distinct in black and white
 GROUP_STYLE: dict[str, tuple[str, str]] = {
@@ -26,38 +26,24 @@ GROUP_STYLE: dict[str, tuple[str, str]] = {
 def plot(df: pd.DataFrame, path: Path) -> None:
     """Predicted against published iteration time, log-log, with the +-10 % and +-25 % bands: the
     simulation filled and coloured by group, the formula baseline hollow grey."""
-    style()
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 5.8))
     ok = df[df["published_time_s"] > 0]
     vals = ok[["published_time_s", "simulated_time_s", "formula_time_s"]].to_numpy(dtype=float)
     vals = vals[np.isfinite(vals) & (vals > 0)]
     if vals.size == 0:
         vals = np.array([1.0])
-    lo, hi = float(vals.min()) / 1.6, float(vals.max()) * 1.6
-    xs = np.geomspace(lo, hi, 50)
-    ax.fill_between(xs, xs * 0.75, xs * 1.25, color="#999999", alpha=0.18, label="+-25 %")
-    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="#555555", alpha=0.25, label="+-10 %")
-    ax.plot(xs, xs, color="black", lw=0.8, ls="-", marker="")
-    f = ok[ok["formula_time_s"] > 0]
-    ax.scatter(f["published_time_s"], f["formula_time_s"], marker="o", s=30, facecolors="none", edgecolors="#888888",
-               linewidths=0.9, label="formula baseline (one efficiency)")
-    for group, (color, marker) in GROUP_STYLE.items():
-        g = ok[(ok["group"] == group) & (ok["simulated_time_s"] > 0)]
-        if len(g):
-            ax.scatter(g["published_time_s"], g["simulated_time_s"], marker=marker, s=26, color=color, label=f"simulated, {group}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("published iteration time, s (a rate converted with the row's FLOP convention)")
-    ax.set_ylabel("predicted iteration time, s")
-    ax.set_title("simulated vs published LLM training steps")
-    ax.legend(fontsize=6.5, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+
+    def draw(ax: Any) -> None:
+        f = ok[ok["formula_time_s"] > 0]
+        ax.scatter(f["published_time_s"], f["formula_time_s"], marker="o", s=30, facecolors="none", edgecolors="#888888",
+                   linewidths=0.9, label="formula baseline (one efficiency)")
+        for group, (color, marker) in GROUP_STYLE.items():
+            g = ok[(ok["group"] == group) & (ok["simulated_time_s"] > 0)]
+            if len(g):
+                ax.scatter(g["published_time_s"], g["simulated_time_s"], marker=marker, s=26, color=color, label=f"simulated, {group}")
+
+    parity_plot(path, float(vals.min()) / 1.6, float(vals.max()) * 1.6, draw,
+                xlabel="published iteration time, s (a rate converted with the row's FLOP convention)",
+                ylabel="predicted iteration time, s", title="simulated vs published LLM training steps")
 
 
 

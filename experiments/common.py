@@ -244,3 +244,30 @@ def frame_markdown(df: Any, cols: Sequence[str], fmt: dict[str, str] | None = No
                 cells.append(md_cell(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def parity_plot(path: Path, lo: float, hi: float, draw: Callable[[Any], None], *, xlabel: str, ylabel: str, title: str,
+                figsize: tuple[float, float] = (6.4, 5.8)) -> None:
+    """A predicted-against-published figure, log-log over ``[lo, hi]`` on both axes: the +-25 % and
+    +-10 % bands round the diagonal, ``draw(ax)`` adds the points, the legend top left."""
+    style()
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=figsize)
+    xs = np.geomspace(lo, hi, 50)
+    ax.fill_between(xs, xs * 0.75, xs * 1.25, color="#999999", alpha=0.18, label="+-25 %")
+    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="#555555", alpha=0.25, label="+-10 %")
+    ax.plot(xs, xs, color="black", lw=0.8, ls="-", marker="")
+    draw(ax)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=6.5, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

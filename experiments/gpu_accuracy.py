@@ -47,7 +47,7 @@ from tqdm import tqdm
 from experiments._gpu_changes import changes_lines, previous_table
 from experiments._gpu_fit_spread import COMMITTED_SEED, readme_lines, refit_tables, seed_frames, spread_table
 from experiments._gpu_precision import recipe_lines, row_precision
-from experiments.common import REPO, experiment_args, frame_markdown, output_dir, print_table, style
+from experiments.common import REPO, experiment_args, frame_markdown, output_dir, parity_plot, print_table
 from harness.app.compose import compose
 from harness.app.kernel_fit import GPU_DATA, error_summary, fit_all
 from harness.core.kernel_model import load_table
@@ -303,37 +303,26 @@ def scaling_within_5(sc: pd.DataFrame) -> tuple[int, int]:
 
 
 def plot(tp: pd.DataFrame, path: Path) -> None:
-    style()
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.2, 5.6))
+    """Simulated against published throughput, log-log, with the +-10 % and +-25 % bands: the
+    calibrated model filled, the analytical roofline hollow, one marker per GPU and precision."""
     ok = tp[tp["calibrated_status"] == "ok"]
-    lo = float(np.nanmin(ok[["published", "calibrated_sim", "analytical_sim"]].to_numpy())) / 1.6
-    hi = float(np.nanmax(ok[["published", "calibrated_sim", "analytical_sim"]].to_numpy())) * 1.6
-    xs = np.array([lo, hi])
-    ax.fill_between(xs, xs * 0.75, xs * 1.25, color="#999999", alpha=0.18, label="+-25 %")
-    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="#555555", alpha=0.25, label="+-10 %")
-    ax.plot(xs, xs, color="black", lw=0.8, ls="-", marker="")
+    vals = ok[["published", "calibrated_sim", "analytical_sim"]].to_numpy()
     groups = [("P100-SXM2", "FP32", "o"), ("V100", "FP32", "s"), ("V100", "AMP", "^")]
-    for costs, fill in (("calibrated", True), ("analytical", False)):
-        for dev, prec, marker in groups:
-            sel = ok[(ok["device"] == dev) & (ok["precision"].str.contains(prec))]
-            if sel.empty:
-                continue
-            color = {"calibrated": "#4c72b0", "analytical": "#dd8452"}[costs]
-            ax.scatter(sel["published"], sel[f"{costs}_sim"], marker=marker, s=34, linewidths=1.0,
-                       facecolors=color if fill else "none", edgecolors=color, label=f"{costs}, {dev} {prec}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("published throughput (img/s or tok/s; sources in throughput.csv)")
-    ax.set_ylabel("simulated throughput (this harness)")
-    ax.set_title("simulated vs published training throughput")
-    ax.legend(fontsize=6.5, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+
+    def draw(ax: Any) -> None:
+        for costs, fill in (("calibrated", True), ("analytical", False)):
+            for dev, prec, marker in groups:
+                sel = ok[(ok["device"] == dev) & (ok["precision"].str.contains(prec))]
+                if sel.empty:
+                    continue
+                color = {"calibrated": "#4c72b0", "analytical": "#dd8452"}[costs]
+                ax.scatter(sel["published"], sel[f"{costs}_sim"], marker=marker, s=34, linewidths=1.0,
+                           facecolors=color if fill else "none", edgecolors=color, label=f"{costs}, {dev} {prec}")
+
+    parity_plot(path, float(np.nanmin(vals)) / 1.6, float(np.nanmax(vals)) * 1.6, draw,
+                xlabel="published throughput (img/s or tok/s; sources in throughput.csv)",
+                ylabel="simulated throughput (this harness)", title="simulated vs published training throughput",
+                figsize=(6.2, 5.6))
 
 
 

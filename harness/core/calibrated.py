@@ -221,6 +221,7 @@ class CalibratedCostModel:
                 used.add(f"{self.devices[spec.kind].get('memory', self.devices[spec.kind]['ref'])} memory-bound: "
                          f"{float(m['bw_fraction']):.3f} of {spec.mem_bw / 1e9:.0f} GB/s, launch {float(m['launch_us']):.2f} us")
         flops = kt.flops(dims)
+        nbytes = kt.nbytes(dims) if m is not None else None   # the floor's bytes, where the bandwidth is measured
         roofline = np.zeros(len(kt), dtype=bool)
         for math in sorted(set(kt.math[~mem].tolist())):
             for kind in sorted(set(kt.kind[~mem & (kt.math == math)].tolist())):
@@ -237,11 +238,11 @@ class CalibratedCostModel:
                         continue
                     used.add(fit.label)
                     t[part] = self._class_rows(fit, kind, dims[part], flops[part], kt)
-                    if m is not None:
+                    if nbytes is not None:
                         # no kernel moves its operands faster than the measured memory-bound kernels
                         # do: where a fit extrapolates past its measurements (a short reduction dim,
                         # a thin batched matmul) its bytes over that bandwidth bound it from below
-                        t[part] = np.maximum(t[part], launch + kt.nbytes(dims)[part] / bw)
+                        t[part] = np.maximum(t[part], launch + nbytes[part] / bw)
         if roofline.any():  # a class no measured GPU has (attention on a P100 / V100): the roofline's
             rows = np.flatnonzero(roofline)
             scaled = KernelTable(np.zeros(len(rows)), kt.kind[rows], dims[rows].astype(np.int64), kt.bdim[rows], kt.math[rows],

@@ -99,12 +99,14 @@ PCIE = "DeepBench P100 PCIe all-reduce"
 PCIE_FAMILIES: tuple[str, ...] = ("P100", "V100")
 
 
+@lru_cache(maxsize=1)
 def pcie_calibration() -> IntraCalibration | None:
     """A PCIe node's calibration from DeepBench's all-reduces on eight P100s over PCIe (the
     ``allreduce`` fits of ``harness/data/kernel_calibration.json``, one node): the ring's bus
     bandwidth at the measured efficiency ``eta`` of the largest single-node group; a
     point-to-point message at the datasheet rate (no PCIe send was measured); NCCL's latencies
-    as they are.  None when the table has no single-node fit."""
+    as they are.  None when the table has no single-node fit.  Read once a process (the
+    committed kernel table)."""
     from harness.core.kernel_model import load_table as kernel_table
 
     fits = [(int(p), f) for p, f in kernel_table().get("allreduce", {}).get("fits", {}).items() if int(f.get("nodes", 1)) == 1]

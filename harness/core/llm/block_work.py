@@ -276,7 +276,9 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
             coll("all_reduce", "tp", T * h * A)
     residual()
 
-    # --- recompute
+    # --- recompute (op: torchtitan's policy re-runs the matmuls of ``redo``, keeps the others' outputs)
+    redo = op_recomputed(spec) if shard.recompute == "op" else set()
+    matmuls = _local_matmuls(spec, L) if shard.recompute == "op" else {}
     if shard.recompute == "selective":
         for kind, dims, bdim, math in core_fwd:
             ph.add("recompute", kind, dims, bdim, math)
@@ -288,8 +290,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
         for i, (kind, dims, bdim, math) in enumerate(ph.rows["fwd"]):
             if i not in linear_rows and i not in kept_core:
                 ph.add("recompute", kind, dims, bdim, math)
-        redo = op_recomputed(spec)
-        for name, (n_out, k) in _local_matmuls(spec, L).items():
+        for name, (n_out, k) in matmuls.items():
             if name in redo:
                 scratch = Phases(L.math, L.fp8, A)
                 scratch.block_linear(T, n_out, k, input_elements=n * h if k == h else None)
@@ -326,8 +327,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     full = unsplit + qkvo + core + mlp
     stored = {"none": full, "selective": full - core, "full": n * h * A}.get(shard.recompute, 0)
     if shard.recompute == "op":   # the block's input, the kept matmuls' outputs, the fused attention's, the reduce-scatters'
-        redo = op_recomputed(spec)
-        stored = n * h * A + sum(T * n_out * A for name, (n_out, _) in _local_matmuls(spec, L).items() if name not in redo)
+        stored = n * h * A + sum(T * n_out * A for name, (n_out, _) in matmuls.items() if name not in redo)
         stored += (T * L.ql * A + core) if spec.attention == "flash" else 0
         stored += 2 * n * h * A if sp else 0
     transient = (full - stored) + grad + (S * A if spec.attention == "eager" else 0)
