@@ -1,6 +1,6 @@
 """What a re-run of the GPU accuracy experiment moved: its calibrated ratios beside those of the
 ``throughput.csv`` it replaces, and the rows whose verdict (within 10 %, within 25 %, beyond)
-changed, each with the reason the run can tell (its precision changed, or its kernel costs did).
+changed, each with the reason the run can tell (its precision changed, its all-reduces' cost, or its kernel costs).
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ def changes_table(previous: pd.DataFrame, tp: pd.DataFrame) -> pd.DataFrame:
             continue
         was = str(o["simulated_precision"]) if "simulated_precision" in old.columns else (
             "fp32" if str(r.simulated_precision) == "fp32" else "amp_fp16")
+        ar_before, ar_after = float(o.get("calibrated_allreduce_s", math.nan)), float(getattr(r, "calibrated_allreduce_s", math.nan))
+        ar_moved = math.isfinite(ar_before) and math.isfinite(ar_after) and abs(ar_after - ar_before) > MOVED * max(ar_before, 1e-12)
         why = (f"simulated as {r.simulated_precision}, was {was} (its trainer's recipe)" if was != r.simulated_precision
+               else f"all-reduce costs ({1e3 * ar_before:.3g} -> {1e3 * ar_after:.3g} ms of all-reduces)" if ar_moved
                else "kernel costs (calibration)")
         rows.append({"id": r.id, "before": before, "after": after, "band_before": band(before), "band_after": band(after),
                      "why": why})
@@ -61,7 +64,8 @@ def changes_lines(previous: pd.DataFrame | None, tp: pd.DataFrame) -> list[str]:
     crossed = ch[ch["band_before"] != ch["band_after"]]
     lines = head + [
         f"Calibrated simulated / published ratios that moved by {100 * MOVED:.1f} % or more against the `throughput.csv`",
-        "this run replaced (`why`: the row's simulated precision changed, or else its kernel costs did):",
+        "this run replaced (`why`: the row's simulated precision changed, or else the summed time of its all-reduces did,",
+        "or else its kernel costs did):",
         "",
         "| id | before | after | verdict before | verdict after | why |",
         "|---|---|---|---|---|---|",

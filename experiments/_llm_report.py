@@ -129,7 +129,7 @@ def group_lines(df: pd.DataFrame) -> list[str]:
 
 
 def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.DataFrame, spread: pd.DataFrame, eta: float, *,
-                 quick: bool, minutes: float, extra: Sequence[str] = ()) -> None:
+                 quick: bool, minutes: float, extra: Sequence[str] = (), compiles: pd.DataFrame | None = None) -> None:
     """``out/README.md``: the verdict, where the simulation is right and where not and why, the BLOOM
     sweep, memory, the schedule pairs, the formula baseline, the floor and every row."""
     sim = df[(df["status"] == "simulated") & (df["ratio"] > 0)]
@@ -209,6 +209,15 @@ def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.D
         "",
         (frame_markdown(pairs, list(pairs.columns), {c: "{:.2f}" for c in pairs.columns if c.endswith("speedup")}) if len(pairs)
          else "No pair in the rows run."),
+        "",
+        "## torchtitan's eager against torch.compile",
+        "",
+        "The same run with and without `torch.compile`: the seconds compile saves come from the memory-bound kernels it",
+        "fuses, which the simulation costs as PyTorch eager runs torchtitan's code (`model.kernels=eager`: FP32 RMSNorm and",
+        "complex RoPE as separate ATen kernels) against one kernel per step (`compiled`); the formula cannot tell them apart.",
+        "",
+        (frame_markdown(compiles, list(compiles.columns), {c: "{:.2f}" for c in compiles.columns if c != "eager" and c != "compiled"})
+         if compiles is not None and len(compiles) else "No pair in the rows run."),
         "",
         "## The formula baseline",
         "",

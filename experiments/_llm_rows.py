@@ -95,6 +95,8 @@ class RowJob:
     published_oom: bool
     #: the row's own notes (``notes``: the date of a BLOOM sweep snapshot, the framework's options)
     notes: str = ""
+    #: ``model.kernels`` of its job (fused, eager, compiled or compiled_blocks)
+    kernels: str = "fused"
 
     @property
     def expressed(self) -> bool:
@@ -180,6 +182,7 @@ class _Draft:
     schedule: str = "1f1b"
     shape: tuple[str, ...] = ()
     reason: str = ""
+    kernels: str = "fused"   # model.kernels: how the framework runs the memory-bound steps
 
     def __post_init__(self) -> None:
         self.notes: list[str] = []
@@ -288,8 +291,18 @@ def _torchtitan(row: Mapping[str, str]) -> _Draft:
     notes = row["notes"].lower()
     if "per gpu" in notes and "assumed" in notes:
         d.notes.append("the page's 'tokens/sec' is taken per GPU, as torchtitan logs it (tokens per second per device)")
-    if "compile" in notes:
-        d.notes.append("torch.compile fuses the memory-bound kernels of each block; the simulation costs them unfused")
+    if "compile" in notes or "h200" in row["locator"].lower():
+        loss_eager = "202412" in row["locator"]  # the page's torchtitan of 2024 kept its loss out of torch.compile
+        d.kernels = "compiled_blocks" if loss_eager else "compiled"
+        d.notes.append("torch.compile fuses each block's memory-bound kernels" + (" (the page's command: --training.compile)" if
+                       "compile" not in notes else "") + "; GQA's repeat_kv copy and the final norm stay eager, and " +
+                       ("the FP32 loss too: torchtitan's train.py of 2024 left it out of compile (model.kernels=compiled_blocks)"
+                        if loss_eager else "the loss is compiled with the model, as torchtitan's build_cross_entropy_loss of "
+                        "2025 does (model.kernels=compiled)"))
+    else:
+        d.kernels = "eager"
+        d.notes.append("no torch.compile: the Llama code as PyTorch eager runs it, FP32 RMSNorm and complex RoPE as separate "
+                       "ATen kernels (model.kernels=eager)")
     if "async" in notes:
         d.notes.append("async TP (TP collectives overlapped with the matmuls) is not modelled: simulated as vanilla TP")
     if "float8 all-gather" in row["precision"].lower():
@@ -371,11 +384,11 @@ def row_job(row: Mapping[str, str]) -> RowJob:
         d.algo += [f"algo.tp={d.tp}", f"algo.pp={d.pp}", f"algo.dp={d.dp}", f"algo.micro_batch={d.micro_batch}", f"algo.vpp={d.vpp}",
                    f"algo.schedule={d.schedule}"]
     d.algo.append(f"algo.recompute={d.recompute}")
-    overrides = (f"model={d.base}", *d.shape, f"model.name={re.sub(r'[^a-z0-9]+', '_', row['row_id'].lower())}",
+    overrides = (f"model={d.base}", *d.shape, f"model.kernels={d.kernels}", f"model.name={re.sub(r'[^a-z0-9]+', '_', row['row_id'].lower())}",
                  f"cluster={d.cluster}", f"cluster.nodes={max(gpus // 8, 1)}", *d.algo, f"precision={d.precision}", *QUIET)
     return RowJob(row["row_id"], row["group"], row["model"], overrides, reason, tuple(d.notes), gpus, d.batch, d.seq_len,
                   d.precision, d.recompute, d.pp, d.vpp, d.micro_batch, d.dp, d.schedule, published_figure(row), mem, oom,
-                  row.get("notes", ""))
+                  row.get("notes", ""), d.kernels)
 
 
 def schedule_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
@@ -387,3 +400,13 @@ def schedule_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
     ones = [j for j in jobs if j.pp > 1 and j.schedule == "1f1b"]
     inter = [j for j in jobs if j.pp > 1 and j.schedule == "interleaved"]
     return [(a, b) for a in ones for b in inter if key(a) == key(b) and a.group == "torchtitan"]
+
+
+def compile_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
+    """Pairs of rows that differ only in torch.compile (torchtitan's Tables 1 and 3): (eager row, compiled row)."""
+    def key(j: RowJob) -> tuple[object, ...]:
+        return (j.group, j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp, j.schedule, j.micro_batch)
+
+    eager = [j for j in jobs if j.kernels == "eager"]
+    compiled = [j for j in jobs if j.kernels.startswith("compiled")]
+    return [(a, b) for a in eager for b in compiled if key(a) == key(b)]

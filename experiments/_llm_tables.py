@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._llm_figures import error_summary, figure_of_time, fit_efficiency, kendall_tau_b, noise_tau, repeat_sigma
-from experiments._llm_rows import RowJob, schedule_pairs
+from experiments._llm_rows import RowJob, compile_pairs, schedule_pairs
 
 #: the 16-bit precisions the formula baseline's one peak describes
 SIXTEEN_BIT = ("amp_fp16", "amp_bf16")
@@ -125,7 +125,24 @@ def pair_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def summary_table(df: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+def compile_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
+    """torchtitan's eager against torch.compile pairs: the eager row's time over the compiled row's,
+    published and simulated (the formula has no term for it: its FLOPs are the same)."""
+    by = df.set_index("row_id")
+    rows = []
+    for a, b in compile_pairs(list(jobs)):
+        ra, rb = by.loc[a.row_id], by.loc[b.row_id]
+        rec: dict[str, Any] = {"eager": a.row_id, "compiled": b.row_id}
+        for name, col in (("published", "published_time_s"), ("simulated", "simulated_time_s")):
+            ta, tb = float(ra[col]), float(rb[col])
+            ok = math.isfinite(ta) and math.isfinite(tb) and tb > 0
+            rec[f"{name}_saved_s"] = ta - tb if ok else math.nan
+            rec[f"{name}_speedup"] = ta / tb if ok else math.nan
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def summary_table(df: pd.DataFrame, pairs: pd.DataFrame, compiles: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every summary figure, the simulation beside the formula, with its goal and verdict."""
     sim = df[(df["status"] == "simulated") & (df["ratio"] > 0)]
     shared = df[formula_rows(df) & (df["formula_ratio"] > 0)]
@@ -174,4 +191,11 @@ def summary_table(df: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
         ok_f = int((pairs["formula_faster"] == pairs["published_faster"]).sum())
         add("1F1B vs interleaved: the faster one simulated faster", f"torchtitan pairs ({len(pairs)})", ok_s, ok_f if pairs["formula_faster"].ne("").all() else math.nan,
             "every pair", ok_s == len(pairs))
+    if compiles is not None and len(compiles):
+        ok = int((compiles["simulated_speedup"] > 1).eq(compiles["published_speedup"] > 1).sum())
+        add("eager vs torch.compile: the faster one simulated faster", f"torchtitan pairs ({len(compiles)})", ok, math.nan, "",
+            None)
+        err = (compiles["simulated_saved_s"] / compiles["published_saved_s"] - 1).abs()
+        add("median |simulated / published seconds torch.compile saves - 1|", f"torchtitan pairs ({len(compiles)})",
+            float(err.median()), math.nan, "", None)
     return pd.DataFrame(rows)

@@ -78,7 +78,8 @@ SETUP_NOTES: tuple[tuple[str, str], ...] = (
      "GPU and all-reduces over NVLink"),
     (r"^p100(?:x\d+nvl|x\d+)?_(?:vgg16|alexnetTF)_",
      "P100 VGG-16 and AlexNet (same page): `variable_update=replicated` with NCCL, TensorFlow's contrib NCCL of May 2017; "
-     "the simulation all-reduces with the ring fitted to DeepBench's NCCL 2.0 runs, overlapped with the backward pass"),
+     "the simulation all-reduces with NCCL's tuning model (harness/core/fabric.py) on the DGX-1's NVLink datasheet figures, which no NCCL "
+     "measurement calibrates, overlapped with the backward pass"),
     (r"^p100",
      "every P100 row: CUDA 8 / cuDNN 5.1 (the page), while DeepBench's P100 kernels were timed with CUDA 8.0.88 / cuDNN 6.0.21"),
     (r"^v100x\d+nvl_(?:gnmt|tbig)_",
@@ -360,8 +361,8 @@ def _overlap_lines(sc: pd.DataFrame) -> list[str]:
         f"Reading: the published efficiency lies between the serial and the overlapped simulation on {len(between)} of "
         f"{len(ok)} rows, and below even the serial one on {len(below)}"
         + (f" ({', '.join(f'{r.id} {r.published_eff:.3f} < {r.calibrated_eff_serial:.3f}' for r in below.itertuples())}): "
-           "there, overlap alone cannot explain the miss - those steps lost more than every all-reduce of the fitted "
-           "NCCL ring takes end to end." if len(below) else "."),
+           "there, overlap alone cannot explain the miss - those steps lost more than every all-reduce of NCCL's "
+           "model on the DGX-1's NVLink takes end to end." if len(below) else "."),
         "",
     ]
 

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from experiments._llm_figures import convention_flops, convention_key, figure_flops, formula_ideal, time_of_figure
 from experiments._llm_report import plot, write_readme
 from experiments._llm_rows import RowJob, load_rows, row_job
-from experiments._llm_tables import add_formula, pair_table, row_table, summary_table
+from experiments._llm_tables import add_formula, compile_table, pair_table, row_table, summary_table
 from experiments.common import experiment_args, output_dir, print_table
 from experiments.gpu_accuracy import write_csv
 from harness.app.compose import compose
@@ -145,16 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--override takes KEY=VALUE harness overrides, got {bad[0]!r}")
     df, eta = add_formula(row_table(jobs, run_rows(jobs, a.override)))
     pairs = pair_table(df, jobs)
-    summary = summary_table(df, pairs)
+    compiles = compile_table(df, jobs)
+    summary = summary_table(df, pairs, compiles)
     spread = fit_spread(jobs, df, seeds, a.override) if seeds else pd.DataFrame()
     write_csv(df, out / "rows.csv")
     write_csv(summary, out / "summary.csv")
     if len(pairs):
         write_csv(pairs, out / "pairs.csv")
+    if len(compiles):
+        write_csv(compiles, out / "compile_pairs.csv")
     if len(spread):
         write_csv(spread, out / "fit_spread.csv")
     plot(df, out / "predicted_vs_published.png")
-    write_readme(out, df, summary, pairs, spread, eta, quick=a.quick, minutes=(time.perf_counter() - t0) / 60, extra=a.override)
+    write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, quick=a.quick, minutes=(time.perf_counter() - t0) / 60, extra=a.override)
     print_table(df.to_dict("records"), ["row_id", "published_kind", "published", "simulated", "ratio", "formula_ratio", "status"],
                 title="simulated / published (ratio: of iteration times)")
     print_table(summary.to_dict("records"), ["figure", "scope", "simulation", "formula", "goal", "verdict"], title="summary")

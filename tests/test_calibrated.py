@@ -28,11 +28,13 @@ from harness.app.compose import compose
 from harness.core.calibrated import CalibratedCostModel, CalibrationError
 from harness.core.capture import TensorSpec, capture
 from harness.core.costs import AnalyticalCostModel
+from harness.core.fabric import Group, collective_time, fabric_of, placed_collective_time, placement_of
 from harness.core.graph import OpGraph
 from harness.app.kernel_fit import GPU_DATA, Samples, all_samples, allreduce_fit, fit_all, fit_model, load_samples, split_indices
 from harness.core.kernel_model import (CONV_FLAGS, KNOTS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, TABLE_FORMAT, FitError,
                                   KernelModel, conv_flags, load_table, monotone_curve)
 from harness.core.kernels import CONV_FWD, GEMM, MEM, NCOLS, KernelTable
+from harness.core.nccl_calibration import PCIE
 from harness.core.precision import BF16, FP16, FP32, TF32
 from harness.app.run import build
 from tests.kernel_fit_helpers import ERROR_ABS, assert_same_fit
@@ -483,25 +485,73 @@ def test_allreduce_reproduces_deepbench() -> None:
     assert costs.allreduce_time(1e6, [3]) == 0.0 and costs.allreduce_time(0.0, [0, 1]) == 0.0
 
 
-def test_a_group_on_two_hosts_uses_the_two_host_fit() -> None:
-    costs = costs_on("deepbench_p100", "cluster.nodes=2")
-    cl = costs.cluster
-    a, b = 0, next(d for d in range(cl.num_devices) if cl.devices[d].host != cl.devices[0].host)
-    fits = load_table()["allreduce"]["fits"]
-    nbytes = 8e6
+@pytest.mark.parametrize("cluster", [("dgx_a100", "cluster.nodes=2"), ("superpod_a100",), ("dgx_h100", "cluster.nodes=2"),
+                                     ("dgx_h100", "cluster.nodes=2", "cluster.intra.nvls=false")])
+def test_the_event_simulators_all_reduce_is_the_fabrics(cluster: tuple[str, ...]) -> None:
+    """On the NCCL-calibrated clusters the event simulator's all-reduce (the calibrated cost
+    model) is NCCL's model on the cluster's fabric, the one the stack simulator prices its
+    collectives with: a whole node, two nodes, a strided group, every size; the report names
+    the fabric's sources."""
+    costs = costs_on(cluster[0], *cluster[1:])
+    f = fabric_of(costs.cluster)
+    g = f.gpus_per_node
+    assert f.intra_source != "datasheet" and f.inter_source != "datasheet"
+    for group in (Group(g), Group(2 * g), Group(2, g), Group(g, 2), Group(4)):
+        devs = [k * group.stride for k in range(group.size)]
+        for nbytes in (1e3, 3e5, 64e6, 2e9):
+            assert costs.allreduce_time(nbytes, devs) == collective_time(f, "all_reduce", nbytes, group), (group, nbytes)
+    rep = costs.report()["allreduce"]
+    assert (rep["intra"]["source"], rep["inter"]["source"]) == (f.intra_source, f.inter_source)
 
-    def ring(fit: dict[str, float], devs: list[int]) -> float:
-        p = len(devs)
-        return 2 * (p - 1) * fit["alpha_us"] * 1e-6 + 2 * (p - 1) / p * nbytes / (fit["eta"] * cl.ring_bandwidth(devs))
 
-    assert costs.allreduce_time(nbytes, [a, b]) == pytest.approx(ring(fits["16"], [a, b]), rel=1e-12)
-    assert costs.allreduce_time(nbytes, [0, 1]) == pytest.approx(ring(fits["2"], [0, 1]), rel=1e-12)
-    # one host, a group size between the measured ones: the nearest measured size below
-    assert costs.allreduce_time(nbytes, [0, 1, 2]) == pytest.approx(ring(fits["2"], [0, 1, 2]), rel=1e-12)
-    assert costs.allreduce_time(nbytes, list(range(6))) == pytest.approx(ring(fits["4"], list(range(6))), rel=1e-12)
-    # a parameter server is the roofline's formula
+def test_a_device_subset_is_priced_by_its_placement() -> None:
+    """A subset of devices is priced where its hosts put it: on one host as the same number of
+    ranks inside a node; across hosts over the NICs of the node where it has fewest ranks - two
+    GPUs on two hosts are slower than two on one host over InfiniBand, and more ranks on every
+    node (more NICs) are faster."""
+    costs = costs_on("superpod_a100", "cluster.nodes=4")
+    cl, f = costs.cluster, fabric_of(costs.cluster)
+    for nbytes in (1e3, 1e6, 1e8, 1e9):
+        assert costs.allreduce_time(nbytes, [1, 3, 6]) == collective_time(f, "all_reduce", nbytes, Group(3))
+        assert costs.allreduce_time(nbytes, [5, 17]) == collective_time(f, "all_reduce", nbytes, Group(2, 8))
+        assert costs.allreduce_time(nbytes, [5, 17]) > costs.allreduce_time(nbytes, [5, 6])
+        irregular = costs.allreduce_time(nbytes, [0, 1, 2, 9])
+        assert irregular == placed_collective_time(f, "all_reduce", nbytes, 4, placement_of(cl, [0, 1, 2, 9]))
+        assert irregular > costs.allreduce_time(nbytes, [0, 1, 2, 3])
+    assert costs.allreduce_time(1e9, [0, 1, 2, 9]) > costs.allreduce_time(1e9, [0, 1, 8, 9])  # 1 NIC on a node vs 2
+    # the device order does not matter, only where the devices sit
+    assert costs.allreduce_time(1e8, [9, 2, 0, 1]) == costs.allreduce_time(1e8, [0, 1, 2, 9])
+    # more bytes never take less time; a bigger group on the same nodes never less either
+    sizes = np.geomspace(1, 1e10, 60)
+    for devs in ([0, 1], [0, 8], list(range(16)), list(range(32))):
+        t = costs.allreduce_time(sizes, devs)
+        assert (np.diff(t) >= 0).all(), devs
+    assert (costs.allreduce_time(sizes, list(range(32))) >= costs.allreduce_time(sizes, list(range(16)))).all()
+
+
+def test_an_array_of_sizes_is_priced_as_one_call_per_size() -> None:
+    costs = costs_on("dgx_h100", "cluster.nodes=2")
+    nb = np.array([4e6, 0.0, 1e3, 4e6, 7.5e8, -1.0, 1e3, 2.5e5])
+    for devs in (list(range(8)), list(range(16)), [0, 9]):
+        t = costs.allreduce_time(nb, devs)
+        assert isinstance(t, np.ndarray) and t.shape == nb.shape
+        assert t.tolist() == [costs.allreduce_time(float(x), devs) for x in nb]
+        assert t[1] == t[5] == 0.0
+    assert costs.allreduce_time(nb.reshape(2, 4), list(range(8))).shape == (2, 4)
+    assert costs.allreduce_time(np.zeros(0), list(range(8))).shape == (0,)
+    assert (costs.allreduce_time(nb, [3]) == 0.0).all() and costs.allreduce_time(1e6, [3]) == 0.0
+
+
+def test_a_parameter_server_takes_the_roofline() -> None:
+    """``costs.sync=ps`` is the roofline's parameter server; the calibrated report names no
+    all-reduce source until one is priced on the fabric."""
     ps = costs_on("deepbench_p100", "costs.sync=ps")
-    assert ps.allreduce_time(nbytes, [0, 1, 2]) == ps.analytical.allreduce_time(nbytes, [0, 1, 2])
+    assert ps.allreduce_time(8e6, [0, 1, 2]) == ps.analytical.allreduce_time(8e6, [0, 1, 2])
+    assert "allreduce" not in ps.report()
+    ring = costs_on("deepbench_p100")
+    assert "allreduce" not in ring.report()
+    assert ring.allreduce_time(8e6, [0, 1, 2]) == collective_time(fabric_of(ring.cluster), "all_reduce", 8e6, Group(3))
+    assert ring.report()["allreduce"]["intra"]["source"] == PCIE
 
 
 # ---------------------------------------------------------------------------- layer graphs

@@ -16,9 +16,10 @@ from harness.app.compose import compose
 from harness.app.run import build
 from harness.core.cluster import build_cluster, device_spec
 from harness.core.errors import ClusterError, OptionError
-from harness.core.fabric import (OPS, Fabric, Group, all_to_all_time, bus_bandwidth, calibrate, collective_time, fabric_of,
-                                 fabric_report, nvls_time, p2p_time, rank_layout)
-from harness.core.nccl_calibration import PCIE, IntraCalibration, NetCalibration, load_table
+from harness.core.fabric import (OPS, Fabric, Group, Placement, all_to_all_time, bus_bandwidth, calibrate, collective_time,
+                                 fabric_of, fabric_report, nvls_time, p2p_time, placed_collective_time, placement_of, rank_layout)
+from harness.core.kernel_model import load_table as kernel_table
+from harness.core.nccl_calibration import PCIE, PCIE_NET, IntraCalibration, NetCalibration, load_table
 from tests.helpers import DEVICE, make_cluster, preset_cluster
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster"
@@ -320,21 +321,73 @@ def test_fabric_of_calibrates_the_measured_systems():
         assert fabric_of(cl) == fabric_of(cl, calibrated=False), overrides
 
 
-@pytest.mark.parametrize("preset, gpus", [("p100x8", 8), ("v100x4_pcie", 4)])
-def test_a_pcie_node_prices_its_all_reduce_as_the_event_simulator_does(preset: str, gpus: int) -> None:
-    """A P100 / V100 PCIe node's ring runs at DeepBench's measured all-reduce efficiency (the fit
-    the calibrated cost model charges the event simulator's all-reduces): a gradient-sized
-    all-reduce costs the same in both within NCCL's and the fit's latency terms; a point-to-point
-    message keeps the datasheet rate; the report names the source."""
-    cl = preset_cluster(f"cluster={preset}")
-    costs = build(compose(["model=lenet5", f"cluster={preset}"]))[2]
+def deepbench_ring(cl, nbytes: float, devs: list[int]) -> float:
+    """DeepBench's fitted ring (harness.app.kernel_fit.allreduce_fit) for ``devs`` of ``cl``: the
+    fit of the measured group size nearest below, of one host or of two."""
+    fits = kernel_table()["allreduce"]["fits"]
+    multi = len({cl.devices[d].host for d in devs}) > 1
+    p = len(devs)
+    fit = [f for k, f in sorted((int(k), f) for k, f in fits.items()) if (int(f["nodes"]) > 1) == multi and k <= p][-1]
+    return 2 * (p - 1) * fit["alpha_us"] * 1e-6 + 2 * (p - 1) / p * nbytes / (fit["eta"] * cl.ring_bandwidth(devs))
+
+
+@pytest.mark.parametrize("overrides, gpus", [(["cluster=p100x8"], 8), (["cluster=v100x4_pcie"], 4),
+                                             (["cluster=deepbench_p100", "cluster.nodes=2"], 16)])
+def test_a_pcie_node_prices_its_all_reduce_as_the_event_simulator_does(overrides: list[str], gpus: int) -> None:
+    """A P100 / V100 PCIe node's ring runs at DeepBench's measured all-reduce efficiency, and so
+    does InfiniBand across such nodes: the event simulator's all-reduce (the calibrated cost
+    model) is the fabric's, and a gradient-sized one costs what DeepBench's fitted ring gives
+    within NCCL's and the fit's latency terms; a point-to-point message keeps the datasheet rate;
+    the report names the source."""
+    cl = preset_cluster(*overrides)
+    costs = build(compose(["model=lenet5", *overrides]))[2]
     f, raw = fabric_of(cl), fabric_of(cl, calibrated=False)
     assert f.intra_source == PCIE and f.p2p_bw == pytest.approx(raw.intra_bw)
+    assert f.inter_source == (PCIE_NET if f.nodes > 1 else "datasheet")
     for nbytes in (25e6, 259e6):
         event = costs.allreduce_time(nbytes, list(range(gpus)))
-        assert collective_time(f, "all_reduce", nbytes, Group(gpus)) == pytest.approx(event, rel=0.05)
+        assert collective_time(f, "all_reduce", nbytes, Group(gpus)) == pytest.approx(event, rel=1e-12)
+        assert deepbench_ring(cl, nbytes, list(range(gpus))) == pytest.approx(event, rel=0.05)
         assert collective_time(raw, "all_reduce", nbytes, Group(gpus)) < event   # the datasheet ring: faster (an efficiency < 1)
     assert fabric_report(f)["intra"]["source"] == PCIE
+    # a PCIe cluster joined by something else than InfiniBand / RoCE keeps its datasheet network
+    assert fabric_of(preset_cluster("cluster=p100x8_2containers")).inter_source == "datasheet"
+
+
+@pytest.mark.parametrize("overrides", [["cluster=superpod_a100", "cluster.nodes=4"], ["cluster=h100_roce", "cluster.nodes=8",
+                                                                                       "cluster.inter.pod_nodes=3"],
+                                       ["cluster=p100x16_4nodes"], ["cluster=dgx_h100"]])
+def test_a_group_of_the_rank_order_is_placed_by_its_hosts_as_by_its_stride(overrides: list[str]) -> None:
+    """placement_of (the devices' hosts) gives what Group.placement computes for a group of the
+    rank order, and placed_collective_time on it is collective_time, for every collective."""
+    cl = preset_cluster(*overrides)
+    f = fabric_of(cl)
+    for size, stride in itertools.product((1, 2, 3, 4, 8, 16), (1, 2, 3, 4, 8)):
+        group = Group(size, stride)
+        if group.last_rank() >= f.gpus:
+            continue
+        pl = placement_of(cl, [k * stride for k in range(size)], f.pod_nodes)
+        assert pl == group.placement(f.gpus_per_node, f.pod_nodes), (size, stride)
+        for op, nbytes in itertools.product(OPS, (0.0, 3e3, 1.1e8)):
+            assert placed_collective_time(f, op, nbytes, size, pl) == collective_time(f, op, nbytes, group), (op, size, stride)
+
+
+def test_placement_of_an_irregular_group() -> None:
+    """Any device set: nodes spanned, most and fewest ranks on one node; a placement that cannot
+    hold the ranks or does not fit the fabric is refused."""
+    cl = preset_cluster("cluster=superpod_a100", "cluster.nodes=4")
+    f = fabric_of(cl)
+    assert placement_of(cl, [0, 1, 2, 9]) == Placement(2, 3, 1, 1)
+    assert placement_of(cl, [5, 1, 30, 17, 16]) == Placement(3, 2, 1, 1)
+    assert placement_of(cl, [24, 8], pod_nodes=2) == Placement(2, 1, 1, 2)
+    with pytest.raises(ValueError):
+        placement_of(cl, [])
+    with pytest.raises(ClusterError):
+        placed_collective_time(f, "all_reduce", 1e6, 4, Placement(2, 9, 1, 1))  # 9 ranks on a node of 8
+    with pytest.raises(ClusterError):
+        placed_collective_time(f, "all_reduce", 1e6, 7, Placement(2, 3, 1, 1))  # 7 ranks do not fit 2 nodes of at most 3
+    with pytest.raises(ValueError):
+        placed_collective_time(f, "gather", 1e6, 2, Placement(1, 2, 2, 1))
 
 
 def test_nvls_on_an_a100_is_refused():

@@ -198,3 +198,11 @@ def test_changes_say_which_verdicts_moved_and_why():
     text = "\n".join(changes_lines(before, after))
     assert "a (within 10 % -> within 25 %)" in text and "b (" not in text.split("Verdicts that moved:")[1]
     assert "No earlier" in "\n".join(changes_lines(None, after))
+    # the same precision: an all-reduce time that moved is the reason, else the kernel costs
+    before = pd.DataFrame({"id": ["a", "b"], "calibrated_ratio": [1.0, 1.0], "simulated_precision": ["fp32", "fp32"],
+                           "calibrated_allreduce_s": [0.010, 0.0]})
+    after = pd.DataFrame({"id": ["a", "b"], "calibrated_ratio": [1.2, 1.2], "simulated_precision": ["fp32", "fp32"],
+                          "calibrated_allreduce_s": [0.004, 0.0]})
+    assert changes_table(before, after)["why"].str.startswith(("all-reduce costs", "kernel costs")).tolist() == [True, True]
+    assert changes_table(before, after)["why"].tolist()[1] == "kernel costs (calibration)"
+    assert changes_table(before, after)["why"].tolist()[0].startswith("all-reduce costs (10 -> 4 ms")

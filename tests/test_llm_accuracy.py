@@ -15,8 +15,9 @@ from experiments._llm_figures import (
     bubble_factor, convention_flops, error_summary, figure_of_time, fit_efficiency, kendall_tau_b, noise_tau, repeat_sigma,
     time_of_figure,
 )
+from experiments._llm_tables import compile_table
 from experiments._llm_rows import (
-    PUBLISHED, load_rows, memory_gib, precision_of, published_figure, row_job, schedule_pairs, torchtitan_stages,
+    PUBLISHED, compile_pairs, load_rows, memory_gib, precision_of, published_figure, row_job, schedule_pairs, torchtitan_stages,
 )
 from harness.app.compose import CONF, compose
 from harness.core.llm.source import LLMModel
@@ -188,3 +189,16 @@ def test_a_mistake_on_the_command_line_is_one_line(capsys):
         llm_accuracy.main(["--rows", "NO-SUCH-ROW"])
     assert e.value.code == 2
     assert "unknown published row 'NO-SUCH-ROW'" in capsys.readouterr().err
+
+
+def test_torchtitans_compile_pairs_and_their_kernel_styles():
+    pairs = [(a.row_id, b.row_id) for a, b in compile_pairs(JOBS)]
+    assert pairs == [("TT-T1-1", "TT-T1-2"), ("TT-T3-1", "TT-T3-2")]
+    style = {j.row_id: j.kernels for j in JOBS}
+    assert style["TT-T1-1"] == "eager" and style["TT-T1-2"] == style["TT-T4-1"] == "compiled_blocks"   # torchtitan of 2024
+    assert style["TT-ATP8-1a"] == style["TT-H200-1"] == "compiled" and style["MEG21-T1-1"] == style["MOSAIC-1"] == "fused"
+    assert all(f"model.kernels={j.kernels}" in j.overrides for j in JOBS if j.expressed)
+    df = pd.DataFrame({"row_id": ["TT-T1-1", "TT-T1-2"], "published_time_s": [3.0, 2.5], "simulated_time_s": [2.0, 1.6]})
+    table = compile_table(df, [j for j in JOBS if j.row_id in set(df["row_id"])])
+    assert list(table["eager"]) == ["TT-T1-1"] and table["published_saved_s"].iloc[0] == pytest.approx(0.5)
+    assert table["simulated_speedup"].iloc[0] == pytest.approx(2.0 / 1.6)

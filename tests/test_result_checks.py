@@ -20,7 +20,7 @@ import pytest
 
 from algorithms.layer_fixed import layer_strategy, model_parallel_dims
 from harness.app.compose import compose
-from harness.app.result_checks import ResultError, baseline_check, check_finite, first_non_finite
+from harness.app.result_checks import TOLERANCE, ResultError, baseline_check, check_finite, first_non_finite
 from harness.app.run import run
 from harness.app.summary import format_summary
 from harness.core.strategy import Plan
@@ -110,10 +110,19 @@ def test_a_search_beaten_in_simulation_says_so_in_the_row_and_the_summary(monkey
     assert "WARNING" in format_summary(row)
 
 
-def test_the_real_search_on_lenet5_is_not_flagged() -> None:
+def test_the_real_search_on_lenet5_is_flagged_exactly_when_a_baseline_simulates_faster() -> None:
+    """OptCNN's objective (no overlap of the gradient all-reduces, Eq. 2) and the event simulator
+    (all-reduces overlapped with the backward) may rank its plan and data parallelism differently:
+    the row says so exactly when a baseline simulates faster beyond the tolerance, and then the
+    plan's objective is no higher (the search's candidates include the baselines)."""
     row = run(compose(["model=lenet5", "algo=optcnn", "cluster=p100x4"])).row
-    assert "objective_disagrees_with_simulation" not in row and "warnings" not in row
-    assert row["step_time_s"] <= min(row["baseline_steps_s"].values()) * (1 + 1e-9)
+    steps = row["baseline_steps_s"]
+    beaten = row["step_time_s"] > min(steps.values()) * (1 + TOLERANCE)
+    assert ("objective_disagrees_with_simulation" in row) == beaten == ("warnings" in row)
+    if beaten:
+        d = row["objective_disagrees_with_simulation"]
+        assert d["baseline_step_s"] == min(steps.values()) and d["objective_s"] <= d["baseline_objective_s"]
+        assert "the search's cost model and the simulator disagree" in row["warnings"][0]
     json.dumps(row, allow_nan=False)
 
 

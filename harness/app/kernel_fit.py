@@ -47,7 +47,10 @@ the measured launch interval.
 Collectives: DeepBench's NCCL all-reduces on its 8-GPU PCIe servers (``cluster=deepbench_p100``)
 are fitted per GPU count to the ring formula ``2(p-1) * alpha + 2(p-1)/p * bytes / (eta * B)``,
 ``B`` the ring bandwidth of that cluster (:meth:`harness.core.cluster.Cluster.ring_bandwidth`), and
-reported leave-one-size-out.
+reported leave-one-size-out; their efficiencies ``eta`` calibrate a PCIe node's fabric and the
+InfiniBand across such nodes (:func:`harness.core.nccl_calibration.pcie_calibration`,
+:func:`~harness.core.nccl_calibration.pcie_net_calibration`), on which NCCL's model prices the
+all-reduces of both simulators.
 """
 
 from __future__ import annotations

@@ -34,12 +34,15 @@ BF16 on a V100 runs at FP32 speed; an FP8 kernel on a device without FP8 is an e
 Memory-bound kernels on a device without bandwidth measurements (P100, V100) keep the
 roofline's reading: ``launch + bytes / (mem_efficiency x bandwidth)``, with the bytes of
 multi-pass kernels (batch norm, softmax, layer norm) counted per pass; attention there is the
-analytical roofline's, at its ``attention`` efficiency.  All-reduce: NCCL's ring fitted to
-DeepBench's measured all-reduces (:func:`harness.app.kernel_fit.allreduce_fit`), ``2(p-1) alpha
-+ 2(p-1)/p bytes / (eta B)`` with ``B`` the cluster's ring bandwidth
-(:meth:`harness.core.cluster.Cluster.ring_bandwidth`) and ``alpha``, ``eta`` of the measured group
-size nearest below (one host) or of the two-host fit (several hosts): extrapolated on every
-cluster but DeepBench's own.
+analytical roofline's, at its ``attention`` efficiency.  All-reduce: NCCL's tuning model on the
+cluster's fabric (:func:`harness.core.fabric.fabric_of`, :func:`harness.core.fabric.placed_collective_time`),
+the same that prices the stack simulator's collectives - ring, tree across nodes and NVLS on an
+H100 NVSwitch node, the fastest, at the bandwidths NCCL measured on A100 / H100 NVSwitch nodes
+and InfiniBand / RoCE, DeepBench's measured all-reduce efficiency on a P100 / V100 PCIe node
+(and InfiniBand across such nodes), the datasheet's elsewhere (a DGX-1's NVLink cube-mesh) -
+with the group placed as its devices' hosts place it (nodes spanned, ranks per node).  The
+report names each level's source (``allreduce``).  A parameter server (``costs.sync: ps``), a
+device without fits or a cluster the fabric cannot describe takes the roofline's formula.
 
 Its figures are checked when it is built: the roofline's as :func:`harness.core.costs.check_roofline`
 (``costs.efficiency.*``, ``costs.mem_efficiency``, ``costs.launch_us``, ``costs.sync``), each
@@ -59,7 +62,8 @@ import numpy as np
 
 from harness.core.cluster import Cluster, DeviceSpec
 from harness.core.costs import AnalyticalCostModel, affine_bytes, node_memory, refuse_unknown, with_measured
-from harness.core.errors import UserError
+from harness.core.errors import ClusterError, UserError
+from harness.core.fabric import Fabric, Placement, fabric_of, fabric_report, placed_collective_time, placement_of
 from harness.core.graph import OpGraph
 from harness.core.kernel_model import (
     MATH_FITS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, attention_features, conv_flags, fit_source,
@@ -142,6 +146,10 @@ class CalibratedCostModel:
         self._rooflines: dict[str, AnalyticalCostModel] = {}
         self._times: "weakref.WeakKeyDictionary[Any, dict[tuple[str, float], np.ndarray]]" = weakref.WeakKeyDictionary()
         self._used: dict[str, set[str]] = {}
+        self._fabric_read, self._fabric_error = False, ""
+        self._fabric_cache: Fabric | None = None
+        self._placements: dict[tuple[int, ...], Placement] = {}
+        self._allreduce_used = False
 
     # ------------------------------------------------------------------ which fit
     def calibrated(self, kind: str) -> bool:
@@ -302,23 +310,41 @@ class CalibratedCostModel:
         return self.analytical.transfer_routes()
 
     def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
+        """NCCL's all-reduce on the cluster's fabric (:func:`harness.core.fabric.placed_collective_time`
+        on :func:`harness.core.fabric.fabric_of`, the collective model the stack simulator prices
+        its collectives with), the group placed as its devices' hosts place it; a parameter
+        server (``sync: ps``), a device without kernel fits or a cluster the fabric cannot
+        describe (nodes of unequal size) is the analytical model's.  0 where ``nbytes <= 0``."""
         devs = list(devices)
         p = len(devs)
         if p <= 1:
             return affine_bytes(nbytes, 0.0, 0.0)
-        if self.sync != "ring" or not all(self.calibrated(self.cluster.devices[d].spec.kind) for d in devs):
+        fabric = self._fabric() if self.sync == "ring" else None
+        if fabric is None or not all(self.calibrated(self.cluster.devices[d].spec.kind) for d in devs):
             return self.analytical.allreduce_time(nbytes, devs)
-        fit = self._allreduce_fit(p, len({self.cluster.devices[d].host for d in devs}) > 1)
-        ring = self.cluster.ring_bandwidth(devs)
-        return affine_bytes(nbytes, 2 * (p - 1) * fit["alpha_us"] * 1e-6, 2 * (p - 1) / p / (fit["eta"] * ring))
+        key = tuple(int(d) for d in devs)
+        pl = self._placements.get(key)
+        if pl is None:
+            pl = self._placements[key] = placement_of(self.cluster, key, fabric.pod_nodes)
+        self._allreduce_used = True  # the report names the fabric's sources
+        if np.ndim(nbytes) == 0:
+            x = float(nbytes)
+            return placed_collective_time(fabric, "all_reduce", x, p, pl) if x > 0 else 0.0
+        nb = np.asarray(nbytes, dtype=np.float64)
+        sizes, inverse = np.unique(nb, return_inverse=True)
+        times = np.array([placed_collective_time(fabric, "all_reduce", x, p, pl) if x > 0 else 0.0 for x in sizes.tolist()])
+        return times[inverse].reshape(nb.shape)
 
-    def _allreduce_fit(self, p: int, multi_host: bool) -> dict[str, float]:
-        fits = self.table["allreduce"]["fits"]
-        cands = sorted((int(k), v) for k, v in fits.items() if (int(v["nodes"]) > 1) == multi_host)
-        if not cands:
-            cands = sorted((int(k), v) for k, v in fits.items())
-        below = [v for k, v in cands if k <= p]
-        return below[-1] if below else cands[0][1]
+    def _fabric(self) -> Fabric | None:
+        """The cluster's fabric with its NCCL calibration (read once: a cluster is immutable);
+        None where :func:`harness.core.fabric.fabric_of` cannot describe it."""
+        if not self._fabric_read:
+            self._fabric_read = True
+            try:
+                self._fabric_cache = fabric_of(self.cluster)
+            except ClusterError as e:
+                self._fabric_error = str(e)
+        return self._fabric_cache
 
     # ------------------------------------------------------------------ memory
     def memory(self, graph: OpGraph) -> np.ndarray:
@@ -353,9 +379,17 @@ class CalibratedCostModel:
 
     # ------------------------------------------------------------------ reporting
     def report(self) -> dict[str, Any]:
-        """Which fit costed each device kind so far (``extrapolated`` where it is)."""
-        return {"model": "calibrated", "table": str(self.table_path),
-                "devices": {kind: "; ".join(sorted(labels)) for kind, labels in self._used.items()}}
+        """Which fit costed each device kind so far (``extrapolated`` where it is) and, once an
+        all-reduce was priced on the fabric, where its figures come from
+        (:func:`harness.core.fabric.fabric_report`: NCCL's model, and inside a node and across
+        nodes the calibration's source - ``datasheet`` or the measured system - and bandwidths)."""
+        out: dict[str, Any] = {"model": "calibrated", "table": str(self.table_path),
+                               "devices": {kind: "; ".join(sorted(labels)) for kind, labels in self._used.items()}}
+        if self._allreduce_used and self._fabric_cache is not None:
+            out["allreduce"] = fabric_report(self._fabric_cache)
+        elif self._fabric_error:
+            out["allreduce"] = {"model": "analytical ring (the fabric cannot describe this cluster)", "reason": self._fabric_error}
+        return out
 
     def describe(self) -> dict[str, Any]:
         return {"model": "calibrated", "table": str(self.table_path), "devices": self.devices,

@@ -33,9 +33,15 @@ Calibration (:mod:`harness.core.nccl_calibration`): :func:`fabric_of` takes the 
 figures of the cluster and, where nccl-tests measured a system like it (A100 / H100 NVSwitch
 nodes, InfiniBand / RoCE across nodes), scales them by what NCCL achieved of them (the ring's
 bus bandwidth, NVLS's, a point-to-point message's, the NIC's) and NCCL's latency table by the
-fitted factors; a fabric without measurements keeps the datasheet figures, and
+fitted factors; a P100 / V100 PCIe node, and InfiniBand across such nodes, at DeepBench's
+measured all-reduce efficiencies; a fabric without measurements keeps the datasheet figures, and
 :func:`fabric_report` says which a job used.  The tuning model itself is NCCL's; only the
 figures it is given are fitted, to kernel-level measurements, never to training runs.
+
+Both simulators price collectives here: the stack simulator with :func:`collective_time` on
+its groups of the rank order, the event simulator (the calibrated cost model's
+``allreduce_time``) with :func:`placed_collective_time` on whatever devices a strategy chose,
+placed by their hosts (:func:`placement_of`).
 """
 
 from __future__ import annotations
@@ -43,15 +49,16 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from harness.core.checks import positive_int
 from harness.core.cluster import Cluster
 from harness.core.errors import ClusterError, OptionError
-from harness.core.nccl_calibration import (DATASHEET, IntraCalibration, NetCalibration, intra_calibration, net_calibration,
-                                           PCIE_FAMILIES, pcie_calibration, source_errors)
+from harness.core.nccl_calibration import (DATASHEET, NETWORK_CLASSES, PCIE_FAMILIES, IntraCalibration, NetCalibration,
+                                           intra_calibration, net_calibration, pcie_calibration, pcie_net_calibration,
+                                           source_errors)
 
 #: the collectives :func:`collective_time` costs
 OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
@@ -265,6 +272,8 @@ def fabric_of(cluster: Cluster, calibrated: bool = True) -> Fabric:
     if nvls is None:
         nvls = intra is not None and intra.nvls_eff > 0
     net = net_calibration(kind, nic_cls) if nodes > 1 else None
+    if net is None and pcie and nodes > 1 and nic_cls in NETWORK_CLASSES:
+        net = pcie_net_calibration()
     return calibrate(fabric, intra, net, bool(nvls))
 
 
@@ -314,7 +323,11 @@ def _checked(fabric: Fabric, group: Group, nbytes: float) -> float:
 def bus_bandwidth(fabric: Fabric, group: Group) -> float:
     """The bus bandwidth (bytes/s per rank) of NCCL's rings and trees over ``group``: NVSwitch
     inside a node; across nodes the slower of NVSwitch and the network (:func:`network_bandwidth`)."""
-    pl = group.placement(fabric.gpus_per_node, fabric.pod_nodes)
+    return placed_bus_bandwidth(fabric, group.placement(fabric.gpus_per_node, fabric.pod_nodes))
+
+
+def placed_bus_bandwidth(fabric: Fabric, pl: Placement) -> float:
+    """:func:`bus_bandwidth` of a group placed as ``pl``."""
     if pl.nodes == 1:
         return fabric.intra_bw
     across = network_bandwidth(fabric, pl)
@@ -345,17 +358,54 @@ def collective_time(fabric: Fabric, op: str, nbytes: float, group: Group) -> flo
     x = _checked(fabric, group, nbytes)
     if group.size == 1 or x == 0:
         return 0.0
-    return _collective_time(fabric, op, x, group)
+    return _placed_time(fabric, op, x, group.size, group.placement(fabric.gpus_per_node, fabric.pod_nodes))
+
+
+def placement_of(cluster: Cluster, devices: Sequence[int], pod_nodes: int = 0) -> Placement:
+    """Where ``devices`` (any ids of ``cluster``) sit, read off their hosts
+    (``cluster.devices[d].host``): the nodes spanned, the most and fewest of them on one node,
+    and the pods spanned (a pod: ``pod_nodes`` consecutive nodes in the order the cluster's
+    hosts first appear; 0: one pod).  What :meth:`Group.placement` computes for a group of
+    Megatron-LM's rank order, for a group that is not one (a subset the event simulator's
+    strategies choose)."""
+    order: dict[int, int] = {}
+    for d in cluster.devices:
+        order.setdefault(d.host, len(order))
+    counts: dict[int, int] = {}
+    for x in devices:
+        node = order[cluster.devices[int(x)].host]
+        counts[node] = counts.get(node, 0) + 1
+    if not counts:
+        raise ValueError("a placement needs at least one device")
+    pods = len({n // pod_nodes for n in counts}) if pod_nodes else 1
+    return Placement(len(counts), max(counts.values()), min(counts.values()), pods)
+
+
+def placed_collective_time(fabric: Fabric, op: str, nbytes: float, size: int, pl: Placement) -> float:
+    """:func:`collective_time` of a group of ``size`` ranks placed as ``pl`` (:func:`placement_of`)
+    rather than a :class:`Group` of the rank order: the same NCCL model (ring, tree, NVLS, the
+    fastest; an all-to-all as :func:`all_to_all_time`) on the same fabric."""
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r}: one of {', '.join(OPS)}")
+    x = float(nbytes)
+    if not (math.isfinite(x) and x >= 0):
+        raise ValueError(f"a collective's bytes must be finite and >= 0, got {nbytes!r}")
+    if not (1 <= pl.min_ranks_per_node <= pl.ranks_per_node <= fabric.gpus_per_node and 1 <= pl.nodes <= fabric.nodes
+            and pl.nodes * pl.min_ranks_per_node <= size <= pl.nodes * pl.ranks_per_node and 1 <= pl.pods <= pl.nodes):
+        raise ClusterError(f"{size} ranks placed as {pl} do not fit the fabric's {fabric.nodes} nodes of {fabric.gpus_per_node}")
+    if size == 1 or x == 0:
+        return 0.0
+    return _placed_time(fabric, op, x, int(size), pl)
 
 
 @lru_cache(maxsize=65536)
-def _collective_time(fabric: Fabric, op: str, x: float, group: Group) -> float:
+def _placed_time(fabric: Fabric, op: str, x: float, p: int, pl: Placement) -> float:
     if op == "all_to_all":
-        return all_to_all_time(fabric, x, group)
-    pl = group.placement(fabric.gpus_per_node, fabric.pod_nodes)
-    best = _ring_time(fabric, op, x, group.size, pl.nodes, bus_bandwidth(fabric, group))
+        return _all_to_all_time(fabric, x, p, pl)
+    bus = placed_bus_bandwidth(fabric, pl)
+    best = _ring_time(fabric, op, x, p, pl.nodes, bus)
     if op == "all_reduce" and pl.nodes > 1:
-        best = min(best, _tree_time(fabric, x, group.size, pl.nodes, bus_bandwidth(fabric, group)))
+        best = min(best, _tree_time(fabric, x, p, pl.nodes, bus))
     if op == "all_reduce" and fabric.nvls_bw > 0:
         best = min(best, nvls_time(fabric, x, pl))
     return best
@@ -458,10 +508,12 @@ def all_to_all_time(fabric: Fabric, nbytes: float, group: Group) -> float:
     over NVLink to the GPU on the destination's rail (all but the 1/r already on it); the
     slowest of the three sets the time."""
     x = _checked(fabric, group, nbytes)
-    p = group.size
-    if p == 1 or x == 0:
+    if group.size == 1 or x == 0:
         return 0.0
-    pl = group.placement(fabric.gpus_per_node, fabric.pod_nodes)
+    return _all_to_all_time(fabric, x, group.size, group.placement(fabric.gpus_per_node, fabric.pod_nodes))
+
+
+def _all_to_all_time(fabric: Fabric, x: float, p: int, pl: Placement) -> float:
     hw = HW_LAT[fabric.intra_link]["ring"][2] * fabric.lat_scale
     lat = BASE_LAT["ring"][2] * fabric.lat_scale + (pl.ranks_per_node - 1) * hw \
         + (p - pl.ranks_per_node) * HW_LAT["net"]["ring"][2] * fabric.net_lat_scale

@@ -15,8 +15,8 @@ datasheet figures before NCCL's tuning model runs on them:
 
 Each system carries the held-out errors of the classes it was checked on.  A PCIe node takes
 the one all-reduce measured on PCIe here, DeepBench's on eight P100s (:func:`pcie_calibration`:
-the ring efficiency ``harness.core.calibrated`` charges the event simulator's all-reduces, so
-both simulators price a PCIe node's collectives alike).  A cluster no measurement covers
+the ring efficiency it measured) and, across nodes over InfiniBand, DeepBench's two-server
+all-reduce (:func:`pcie_net_calibration`).  A cluster no measurement covers
 (another GPU's NVSwitch, a cube-mesh node, Omni-Path, Ethernet) gets ``None`` here, the
 datasheet model, and says so (:data:`DATASHEET`).
 """
@@ -94,7 +94,7 @@ def intra_calibration(kind: str, table: dict[str, Any] | None = None) -> IntraCa
 
 
 #: the name a PCIe node's calibration reports (:func:`pcie_calibration`), and the GPU families it
-#: applies to: DeepBench's era, whose all-reduces the event simulator charges at the same fit
+#: applies to: DeepBench's era
 PCIE = "DeepBench P100 PCIe all-reduce"
 PCIE_FAMILIES: tuple[str, ...] = ("P100", "V100")
 
@@ -114,6 +114,26 @@ def pcie_calibration() -> IntraCalibration | None:
         return None
     eta = float(max(fits, key=lambda pf: pf[0])[1]["eta"])
     return IntraCalibration(PCIE, eta, 1.0 / eta, 1.0)
+
+
+#: the name the network calibration of PCIe nodes reports (:func:`pcie_net_calibration`)
+PCIE_NET = "DeepBench P100 InfiniBand all-reduce"
+
+
+@lru_cache(maxsize=1)
+def pcie_net_calibration() -> NetCalibration | None:
+    """The InfiniBand across PCIe nodes of :data:`PCIE_FAMILIES` GPUs, from DeepBench's
+    all-reduces on two of its eight-P100 servers (the ``allreduce`` fit of more than one node):
+    that ring's bandwidth is bounded by each server's one FDR NIC (the fit's ``ring_GBps`` is the
+    NIC's line rate, ``cluster=deepbench_p100 cluster.nodes=2``), so its efficiency ``eta`` is
+    what NCCL achieved of the NIC; NCCL's network latencies as they are.  None when the table
+    has no fit across nodes.  Read once a process."""
+    from harness.core.kernel_model import load_table as kernel_table
+
+    fits = [(int(p), f) for p, f in kernel_table().get("allreduce", {}).get("fits", {}).items() if int(f.get("nodes", 1)) > 1]
+    if not fits:
+        return None
+    return NetCalibration(PCIE_NET, float(max(fits, key=lambda pf: pf[0])[1]["eta"]), 1.0)
 
 
 def net_calibration(kind: str, nic_cls: str, table: dict[str, Any] | None = None) -> NetCalibration | None:

@@ -20,7 +20,11 @@ Never below a floor: the smaller of the node's smallest profiled time and the de
 launch floor (the 5th percentile of the profile's kernel times).  Views, getitem and detach
 take their measured time (``free_ops: measured``, a few microseconds of dispatch) or
 nothing (``free_ops: zero``, as the analytical model).  Transfers, all-reduce and memory
-are the analytical model's (alpha-beta links of the cluster, ring all-reduce, bytes).
+are the analytical model's (alpha-beta links of the cluster, ring all-reduce, bytes), not the
+calibrated model's NCCL-on-the-fabric all-reduce: profiles are taken on this machine's CPU,
+whose collectives the analytical ring reads from the cluster's own measured ``collective``
+figures (``python -m harness.calibrate``), which no NCCL calibration covers; the measured
+operator times are the only thing this model changes against ``costs=analytical``.
 
 What is given is checked when the model is built: a ``costs.profile_dir`` or a
 ``costs.profiles`` entry that does not exist, or an entry for a device kind the cluster does

@@ -27,6 +27,12 @@ GEMMs plus the kernels that quantize their operands, an FP8 all-gather of a colu
 input under sequence parallelism; the attention core, the norms, the embedding and the head
 stay BF16, and the stored activations are the BF16 step's.
 
+The memory-bound steps (norms, RoPE, the activation, the loss) are one kernel each at their
+fewest bytes under ``spec.kernels == "fused"``; ``eager`` runs torchtitan's Llama code as PyTorch
+eager's ATen kernels, ``compiled`` that code with its blocks and loss fused but GQA's ``repeat_kv``
+copy and the final norm eager, ``compiled_blocks`` with its loss eager too
+(:mod:`harness.core.llm.eager`).
+
 Backward: each GEMM's input gradient (``bwd_input``) and weight gradient (``bwd_weight``, the
 zero-bubble schedules' W), the attention backward (2.5x its forward, input side), the
 memory-bound rows' gradients.  Recompute: selective re-runs the attention core forward, full the
@@ -62,6 +68,8 @@ import numpy as np
 
 from harness.core.kernels import ATTN, GEMM, MEM, NCOLS, KernelTable
 from harness.core.errors import OptionError
+from harness.core.llm import eager as ek
+from harness.core.llm.eager import EagerStep
 from harness.core.llm.flops import op_recomputed
 from harness.core.llm.fp8 import FP8_BYTES, fp8_linear_rows
 from harness.core.llm.shard import CollectiveCall, Shard, UnitWork
@@ -156,6 +164,12 @@ class Phases:
         if bwd_bytes > 0:
             self.add("bwd_input", MEM, (int(bwd_bytes),), 0)
 
+    def eager(self, step: EagerStep, elements: int) -> None:
+        """An eager step's kernels (:mod:`harness.core.llm.eager`) over ``elements`` elements."""
+        for phase, per in (("fwd", step.fwd), ("bwd_input", step.bwd)):
+            for b in per:
+                self.add(phase, MEM, (max(int(b * elements), 1),), 0)
+
     def table(self, phase: str) -> KernelTable:
         rows = self.rows[phase]
         if not rows:
@@ -205,8 +219,14 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     def coll(op: str, group: str, nbytes: int) -> None:
         fwd_coll.append((op, group, nbytes, nbytes))
 
+    eager = spec.kernels == "eager"          # the block's norms, RoPE and activation as eager ATen kernels
+    titan = spec.kernels != "fused"          # torchtitan's code, eager or compiled: GQA's repeat_kv copy
+
     def norm() -> None:
-        ph.mem(3 * n * h * A, 4 * n * h * A)
+        if eager and spec.norm == "rmsnorm":
+            ph.eager(ek.rmsnorm(A, h), n * h)
+        else:
+            ph.mem(3 * n * h * A, 4 * n * h * A)
 
     def residual() -> None:
         ph.mem(3 * n * h * A + drop * n * h, (2 * n * h * A + n * h) if drop else 0)
@@ -215,8 +235,14 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     norm()
     tp_in()
     block_linear(T, L.ql + 2 * L.kvdl, h, input_elements=n * h)
-    if spec.position == "rope":
+    if spec.position == "rope" and eager:
+        ph.eager(ek.rope(A), T * L.ql)
+        ph.eager(ek.rope(A), T * L.kvdl)
+    elif spec.position == "rope":
         ph.mem(2 * T * (L.ql + L.kvdl) * A, 2 * T * (L.ql + L.kvdl) * A)
+    if titan and L.kvl < L.hl:
+        for _ in "kv":
+            ph.eager(ek.repeat_kv(A, L.hl // L.kvl), T * L.ql)
     core_start = {p: len(r) for p, r in ph.rows.items()}
     S = L.b * L.hl * L.sq * L.s  # attention scores on this GPU
     if spec.attention == "flash":
@@ -241,7 +267,10 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     if not moe:
         tp_in()
         block_linear(T, L.fl * (mats - 1), h, input_elements=n * h)
-        ph.mem(act_fwd * T * L.fl * A, act_bwd * T * L.fl * A)
+        if eager and spec.gated_mlp:
+            ph.eager(ek.swiglu(A), T * L.fl)
+        else:
+            ph.mem(act_fwd * T * L.fl * A, act_bwd * T * L.fl * A)
         block_linear(T, h, L.fl)
         tp_out()
         Te = 0
@@ -324,7 +353,11 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
         fs = L.fsl * spec.shared_experts
         mlp = 4 * n * spec.experts + A * Te * h + A * Te * L.fel * act_mult + A * T * fs * act_mult
         grad = A * max(T * (L.ql + 2 * L.kvdl), Te * L.fel * (mats - 1), T * fs * (mats - 1))
-    full = unsplit + qkvo + core + mlp
+    kept_fp32 = 0   # eager: the FP32 copies its RMSNorms and RoPE keep (recomputed under full and op)
+    if eager:
+        kept_fp32 = (2 * n * h * int(ek.rmsnorm(A, h).saved_extra) if spec.norm == "rmsnorm" else 0) + \
+            (T * (L.ql + L.kvdl) * int(ek.rope(A).saved_extra) if spec.position == "rope" else 0)
+    full = unsplit + qkvo + core + mlp + kept_fp32
     stored = {"none": full, "selective": full - core, "full": n * h * A}.get(shard.recompute, 0)
     if shard.recompute == "op":   # the block's input, the kept matmuls' outputs, the fused attention's, the reduce-scatters'
         stored = n * h * A + sum(T * n_out * A for name, (n_out, _) in matmuls.items() if name not in redo)
@@ -395,13 +428,23 @@ def head_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard)
     """The head: final norm, the logits GEMM over the local vocabulary (column parallel: an
     all-gather of its input with SP, an all-reduce of its input gradient without), the
     vocabulary-parallel cross-entropy (three all-reduces of one FP32 value per token: max, sum,
-    target logit) in FP32; it keeps the FP32 softmax for its backward."""
+    target logit) in FP32; it keeps the FP32 softmax for its backward.  torchtitan's code
+    (``kernels`` other than fused) runs its final norm as eager ATen kernels, and its loss too
+    unless the loss is compiled (``eager``, ``compiled_blocks``: :mod:`harness.core.llm.eager`)."""
     L = local_sizes(spec, seq_len, precision, shard)
     h, A, T, n = spec.hidden, L.A, L.T, L.n
     ph = Phases(L.math)
-    ph.mem(3 * n * h * A, 4 * n * h * A)
+    titan = spec.kernels != "fused"    # torchtitan compiles its blocks (and its loss): the final norm runs eager
+    eager_loss = spec.kernels in ("eager", "compiled_blocks")
+    if titan and spec.norm == "rmsnorm":
+        ph.eager(ek.rmsnorm(A, h), n * h)
+    else:
+        ph.mem(3 * n * h * A, 4 * n * h * A)
     ph.linear(T, L.vl, h)
-    ph.mem(T * L.vl * (A + 3 * 4), T * L.vl * (4 + A))
+    if eager_loss:
+        ph.eager(ek.cross_entropy(A), T * L.vl)
+    else:
+        ph.mem(T * L.vl * (A + 3 * 4), T * L.vl * (4 + A))
     calls = []
     if L.t > 1:
         if shard.sp:
@@ -412,4 +455,4 @@ def head_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard)
     stored = 2 * n * h * A + 4 * T * L.vl
     params = spec.norm_params() + (0 if spec.tied_embeddings else L.vl * h)
     return UnitWork(ph.table("fwd"), ph.table("bwd_input"), ph.table("bwd_weight"), ph.table("recompute"), calls,
-                    int(stored), int(T * L.vl * A), 0, int(params), tied_params_local=L.vl * h if spec.tied_embeddings else 0)
+                    int(stored), int(T * L.vl * ek.loss_transient(A, eager_loss)), 0, int(params), tied_params_local=L.vl * h if spec.tied_embeddings else 0)

@@ -29,7 +29,7 @@ from harness.core.precision import PRECISIONS
 MODEL_KEYS: tuple[str, ...] = (
     "name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "gated_mlp", "seq_len", "vocab", "tied_embeddings",
     "position", "norm", "linear_bias", "experts", "top_k", "expert_ffn_hidden", "shared_experts", "first_dense_layers",
-    "head_dim", "qkv_bias", "embedding_norm", "dropout", "attention", "batch_size", "precision",
+    "head_dim", "qkv_bias", "embedding_norm", "dropout", "attention", "kernels", "batch_size", "precision",
 )
 #: the algorithms that plan on a stack graph (what a refusal of the other graph kinds names)
 STACK_ALGOS = "algo=megatron, algo=fsdp, algo=data_parallel or algo=hybrid_search"
@@ -69,6 +69,7 @@ class LLMModel:
         embedding_norm: bool = False,
         dropout: bool = False,
         attention: str = "flash",
+        kernels: str = "fused",
         batch_size: int = 8,
         precision: str = "amp_bf16",
         **extra: Any,
@@ -84,7 +85,8 @@ class LLMModel:
             ffn_hidden=4 * hidden_n if ffn_hidden is None else ffn_hidden, gated_mlp=gated_mlp, seq_len=seq_len, vocab=vocab,
             tied_embeddings=tied_embeddings, position=position, norm=norm, linear_bias=linear_bias, experts=experts, top_k=top_k,
             expert_ffn_hidden=expert_ffn_hidden, shared_experts=shared_experts, first_dense_layers=first_dense_layers,
-            head_dim=head_dim, qkv_bias=qkv_bias, embedding_norm=embedding_norm, dropout=dropout, attention=attention)
+            head_dim=head_dim, qkv_bias=qkv_bias, embedding_norm=embedding_norm, dropout=dropout, attention=attention,
+            kernels=kernels)
         self._graphs: dict[str, StackGraph] = {}
 
     def stack_graph(self, precision: str = "fp32") -> StackGraph:

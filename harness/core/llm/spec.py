@@ -25,7 +25,12 @@ drop out after attention and the MLP and on the attention probabilities: Korthik
 masks) and ``attention``: ``eager`` keeps the ``s x s`` attention scores for the backward
 (Korthikanti Table 2's ``5 a s / h`` term), ``flash`` is a fused kernel that keeps only the
 softmax statistics (FlashAttention, Dao et al. 2022), as Megatron-LM (``--use-flash-attn``,
-Transformer Engine) and torchtitan (SDPA) run today.
+Transformer Engine) and torchtitan (SDPA) run today.  ``kernels`` is how the memory-bound steps
+run (:mod:`harness.core.llm.eager`): ``fused`` one kernel per norm, RoPE, activation and loss at
+its fewest bytes (Megatron-LM's fused kernels), ``eager`` the ATen kernels PyTorch eager runs for
+torchtitan's Llama code (FP32 RMSNorm and complex RoPE, SwiGLU's two kernels, the loss over an
+FP32 copy of the logits), ``compiled`` that code with its blocks and its loss under
+``torch.compile``, ``compiled_blocks`` with its blocks only (torchtitan of 2024: the loss eager).
 
 Every size is checked when a spec is built: a mistake is a one-line
 :class:`~harness.core.errors.ModelConfigError` naming the key as the user typed it
@@ -43,6 +48,9 @@ from harness.core.errors import ModelConfigError
 POSITIONS: tuple[str, ...] = ("rope", "learned", "alibi")
 NORMS: tuple[str, ...] = ("rmsnorm", "layernorm")
 ATTENTIONS: tuple[str, ...] = ("flash", "eager")
+#: how the memory-bound steps run (:mod:`harness.core.llm.eager`): one fused kernel each, PyTorch eager's ATen kernels,
+#: torchtitan's code under torch.compile (its blocks and its loss), or with only its blocks compiled (its loss eager)
+KERNEL_STYLES: tuple[str, ...] = ("fused", "eager", "compiled", "compiled_blocks")
 #: the sizes that must be integers >= 1, and those that may be 0 ("none" or "the default")
 POSITIVE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
 COUNT_FIELDS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "first_dense_layers", "head_dim")
@@ -76,6 +84,7 @@ class TransformerSpec:
     embedding_norm: bool = False  # a norm right after the token embedding (BLOOM)
     dropout: bool = False         # dropout after attention and MLP and on the attention probabilities
     attention: str = "flash"      # "flash" (fused, keeps softmax statistics) | "eager" (keeps the s x s scores)
+    kernels: str = "fused"        # "fused" | "eager" | "compiled" | "compiled_blocks": how the norms, RoPE, activations, loss run
     keys: InitVar[Mapping[str, str] | None] = None  # how the user spells each field (default model.<field>)
 
     def __post_init__(self, keys: Mapping[str, str] | None) -> None:
@@ -95,6 +104,7 @@ class TransformerSpec:
         one_of(self.position, key("position"), POSITIONS, ModelConfigError)
         one_of(self.norm, key("norm"), NORMS, ModelConfigError)
         one_of(self.attention, key("attention"), ATTENTIONS, ModelConfigError)
+        one_of(self.kernels, key("kernels"), KERNEL_STYLES, ModelConfigError)
         if self.kv_heads > self.heads or self.heads % self.kv_heads:
             raise ModelConfigError(f"{key('heads')}={self.heads} is not a multiple of {key('kv_heads')}={self.kv_heads}: every "
                                    f"key/value head serves the same number of query heads; use {key('kv_heads')}="
