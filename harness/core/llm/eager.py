@@ -81,8 +81,9 @@ def cross_entropy(A: int) -> EagerStep:
     return EagerStep((A + F32, 3 * F32), (F32, 3 * F32, F32 + A))
 
 
-#: bytes per logit live beside the kept log-probabilities at the eager loss's peak (its backward's
-#: two FP32 gradients), and beside the fused loss's kept softmax (the 16-bit logits)
 def loss_transient(A: int, eager: bool) -> int:
-    """Bytes per logit live at the loss's peak beyond the FP32 tensor it keeps for the backward."""
+    """Bytes per logit live at the loss's peak beyond the FP32 tensor it keeps for the backward:
+    the eager loss's two FP32 gradients in its backward (``log_softmax``'s incoming and outgoing),
+    the fused loss's 16-bit logits beside the FP32 softmax it computes in place (Megatron-LM's
+    vocabulary-parallel cross-entropy)."""
     return 2 * F32 if eager else A
