@@ -39,8 +39,9 @@ from experiments.common import experiment_args, output_dir, print_table
 from experiments.gpu_accuracy import write_csv
 from harness.app.compose import compose
 
-#: rows of --quick: one or two of each group, a BLOOM OOM row and torchtitan's 1F1B / interleaved pair
-QUICK_ROWS = ("MEG21-T1-1", "KOR22-1a", "KOR22-1b", "TT-T1-1", "TT-T5-1", "TT-T5-2", "BLOOM-PROD", "BLOOM-SWEEP-13",
+#: rows of --quick: one or two of each group, a BLOOM OOM row, torchtitan's 1F1B / interleaved pair and an eager /
+#: torch.compile pair
+QUICK_ROWS = ("MEG21-T1-1", "KOR22-1a", "KOR22-1b", "TT-T1-1", "TT-T1-2", "TT-T5-1", "TT-T5-2", "BLOOM-PROD", "BLOOM-SWEEP-13",
               "BLOOM-SWEEP-15", "MOSAIC-5")
 
 

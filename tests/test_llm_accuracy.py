@@ -165,9 +165,9 @@ def test_noise_floor_of_a_ranking():
 
 # ---------------------------------------------------------------------------- the experiment
 def test_a_small_run_writes_its_files(tmp_path):
-    rows = ["KOR22-1a", "TT-T5-1", "TT-T5-2", "BLOOM-SWEEP-13", "TT-ATP8-3a"]
+    rows = ["KOR22-1a", "TT-T5-1", "TT-T5-2", "BLOOM-SWEEP-13", "TT-ATP8-3a", "TT-T3-1", "TT-T3-2"]
     assert llm_accuracy.main(["--out", str(tmp_path), "--fit-seeds", "--rows", *rows]) == 0  # no refits: seconds
-    for name in ("rows.csv", "summary.csv", "pairs.csv", "predicted_vs_published.png", "README.md"):
+    for name in ("rows.csv", "summary.csv", "pairs.csv", "compile_pairs.csv", "predicted_vs_published.png", "README.md"):
         assert (tmp_path / name).stat().st_size > 0, name
     df = pd.read_csv(tmp_path / "rows.csv").set_index("row_id")
     assert sorted(df.index) == sorted(rows)
@@ -179,7 +179,10 @@ def test_a_small_run_writes_its_files(tmp_path):
     assert bool(df.loc["BLOOM-SWEEP-13", "published_oom"])
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert {"median |ratio - 1|", "Kendall's tau-b, BLOOM sweep throughput", "published OOM rows simulated OOM",
-            "1F1B vs interleaved: the faster one simulated faster"} <= set(summary["figure"])
+            "1F1B vs interleaved: the faster one simulated faster",
+            "eager vs torch.compile: the faster one simulated faster"} <= set(summary["figure"])
+    compiles = pd.read_csv(tmp_path / "compile_pairs.csv")
+    assert list(compiles["eager"]) == ["TT-T3-1"] and (compiles["simulated_saved_s"] > 0).all()
     readme = (tmp_path / "README.md").read_text()
     assert "TT-ATP8-3a" in readme and "Verdict" in readme
 
