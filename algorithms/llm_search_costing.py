@@ -17,7 +17,7 @@ from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
 from harness.core.fabric import Fabric, Group, collective_time, fabric_of, rank_layout
 from harness.core.llm.memory import STATE_BYTES
-from harness.core.llm.pipeline_links import p2p_time_between
+from harness.core.llm.pipeline_links import stage_send_time
 from harness.core.llm.plan import DEFAULT_BUCKET_BYTES, ParallelPlan
 from harness.core.llm.stack import StackGraph
 from harness.core.llm.work import unit_times
@@ -133,17 +133,18 @@ class Costing:
 
     def p2p(self, c: Candidate, starts: np.ndarray, t: UnitTable) -> list[float]:
         """Per chunk boundary ``k`` (chunk ``k`` to ``k + 1``), the pipeline send's seconds
-        (:func:`harness.core.llm.pipeline_links.p2p_time_between` of the chunk's last unit's
-        boundary bytes; none between chunks of one stage), memoised."""
+        (:func:`harness.core.llm.pipeline_links.stage_send_time` of the chunk's last unit's
+        boundary bytes, Megatron-LM's scatter/gather without SP; none between chunks of one stage), memoised."""
         pp, C = c.pp, len(starts)
         stride = c.tp * c.cp * c.dp
         out = []
         for k in range(C - 1):
             a, b = k % pp, (k + 1) % pp
             nb = float(t.boundary[int(starts[k + 1]) - 1])
-            key = (nb, stride, a, b)
+            split = c.tp if not c.sequence_parallel else 1
+            key = (nb, stride, a, b, split)
             if key not in self.p2ps:
-                self.p2ps[key] = p2p_time_between(self.fabric, nb, stride, a, b) if a != b else 0.0
+                self.p2ps[key] = stage_send_time(self.fabric, nb, stride, a, b, split) if a != b else 0.0
             out.append(self.p2ps[key])
         return out
 

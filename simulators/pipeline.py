@@ -65,7 +65,7 @@ from harness.core.llm.plan import ParallelPlan, PlanError
 from harness.core.llm.stack import StackGraph
 from simulators import engine
 from harness.core.llm.memory import STATE_BYTES, shard_groups
-from harness.core.llm.pipeline_links import p2p_time_between
+from harness.core.llm.pipeline_links import stage_send_time
 from simulators.pipeline_costs import (UnitCost, comm_seconds, optimizer_seconds, precision_peak, static_memory, step_flops,
                                        tie_embeddings, unit_costs, wire_bytes)
 from simulators.pipeline_figures import CAT, pipeline_figures
@@ -283,7 +283,7 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
                 if src == dst:
                     tk.dep(exit_[frm], entry[to])
                     continue
-                nb = float(units[chunk_units[c][-1]].boundary_bytes)
+                nb = float(units[chunk_units[c][-1]].boundary_bytes) / plan.send_split   # what crosses between the stages
                 t = tk.add(TRANSFER, src, p2p_s[c], "pp", -1, i, c, FORWARD if kind == "F" else BACKWARD,
                            f"pp {kind}{i} c{c}{'->' if kind == 'F' else '<-'}c{c + 1}", link=link, dst=dst, nbytes=nb, wire=nb)
                 tk.dep(exit_[frm], t)
@@ -365,7 +365,7 @@ def build_pipeline_taskgraph(graph: StackGraph, plan: ParallelPlan, cluster: Clu
     for c in range(plan.chunks - 1):
         a, b = c % plan.pp, (c + 1) % plan.pp
         nb = units[plan.chunk_units(c)[-1]].boundary_bytes
-        p2p.append(p2p_time_between(fabric, nb, stride, a, b) if a != b else 0.0)
+        p2p.append(stage_send_time(fabric, nb, stride, a, b, plan.send_split) if a != b else 0.0)
     static = static_memory(plan, units, stage_units, precision)
     opt = []
     for s, us in enumerate(stage_units):

@@ -150,6 +150,7 @@ def test_a_choice_names_its_options(stem: str, key: str) -> None:
     ("megatron", {"tp": 8, "pp": 8, "vpp": 3, "dp": None, "schedule": None, "zero": 0, "stages": "balanced", "recompute": "selective"}),
     ("megatron", {"schedule": "zb_h1", "zero": 3, "stages": [3, 4, 3]}),
     ("megatron", {"pp": 2, "zero": 3, "gather_once": True}),
+    ("megatron", {"tp": 2, "pp": 2, "scatter_gather": False}),
     ("fsdp", {"tp": 2, "recompute": "full", "reshard_after_forward": False}),
     ("data_parallel", {"graph": "stack", "micro_batch": 4}),
 ])
@@ -163,6 +164,10 @@ def test_the_values_the_papers_allow_are_taken(stem: str, values: dict[str, Any]
 
 def test_gather_once_needs_zero_3() -> None:
     refused(lambda: build("megatron", zero=1, gather_once=True), "algo=megatron: ", "algo.gather_once", "algo.zero=3", kind=OptionError)
+
+
+def test_scatter_gather_is_a_flag() -> None:
+    refused(lambda: build("megatron", scatter_gather="maybe"), "algo.scatter_gather", kind=OptionError)
 
 
 def test_a_list_of_split_ops_must_be_names() -> None:

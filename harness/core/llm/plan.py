@@ -194,6 +194,9 @@ class ParallelPlan:
     #: parameters gathered once per step (its first forward) and kept, its gradients accumulated
     #: unsharded and reduce-scattered once, after its last micro-batch's backward
     gather_once: bool = False
+    #: Megatron-LM's scatter/gather of pipeline sends without SP (SC'21 Sec. 4.1: each TP rank sends 1/t of the
+    #: boundary activation, the next stage all-gathers it; DeepSpeed's pipeline engine alike); False: every rank sends all of it
+    scatter_gather: bool = True
     #: who made the plan (``algo``), for strategy.json; not part of the plan's identity
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -204,7 +207,8 @@ class ParallelPlan:
         put(self, "schedule", one_of(self.schedule, "algo.schedule", SCHEDULES, PlanError))
         put(self, "recompute", recompute_name(self.recompute))
         put(self, "zero", zero_stage(self.zero))
-        for k in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "gather_once"):
+        for k in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "gather_once",
+                  "scatter_gather"):
             put(self, k, boolean(getattr(self, k), f"algo.{k}", PlanError))
         stages = self.stages
         if isinstance(stages, np.ndarray):
@@ -236,6 +240,13 @@ class ParallelPlan:
         """The first unit of virtual stage ``c``."""
         self._check_chunk(c)
         return int(sum(self.stages[:c]))
+
+    @property
+    def send_split(self) -> int:
+        """How many pieces a pipeline send is cut into: ``tp`` under Megatron-LM's scatter/gather
+        (no sequence parallelism: every TP rank holds the whole activation), else 1
+        (:func:`harness.core.llm.pipeline_links.stage_send_time`)."""
+        return self.tp if self.scatter_gather and not self.sequence_parallel else 1
 
     def chunk_units(self, c: int) -> range:
         """The units of virtual stage ``c`` (contiguous)."""
@@ -600,7 +611,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
                       vpp: int = 1, schedule: str | None = None, micro_batch: int = 1, recompute: str = "none",
                       sequence_parallel: bool = False, zero: int = 0, stages: str | Sequence[int] | None = None,
                       overlap_grad_reduce: bool = True, overlap_param_gather: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                      reshard_after_forward: bool = True, gather_once: bool = False,
+                      reshard_after_forward: bool = True, gather_once: bool = False, scatter_gather: bool = True,
                       weights: Sequence[float] | np.ndarray | Callable[[ParallelPlan], Sequence[float]] | None = None,
                       meta: dict[str, Any] | None = None) -> ParallelPlan:
     """The validated plan of the given degrees on ``num_gpus`` GPUs: ``dp`` defaults to the GPUs
@@ -622,7 +633,8 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, schedule=sched, micro_batch=micro_batch, recompute=recompute,
                         sequence_parallel=sequence_parallel, zero=zero, stages=spec if isinstance(spec, tuple) else (),
                         overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather, bucket_bytes=bucket_bytes,
-                        reshard_after_forward=reshard_after_forward, gather_once=gather_once, meta=dict(meta or {}))
+                        reshard_after_forward=reshard_after_forward, gather_once=gather_once, scatter_gather=scatter_gather,
+                        meta=dict(meta or {}))
     check_gpus(plan, num_gpus)
     check_shape(plan, graph)
     check_schedule(plan)
