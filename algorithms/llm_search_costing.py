@@ -18,7 +18,7 @@ from harness.core.costs import CostModel
 from harness.core.fabric import Fabric, Group, collective_time, fabric_of, rank_layout
 from harness.core.llm.memory import STATE_BYTES
 from harness.core.llm.pipeline_links import stage_send_time
-from harness.core.llm.plan import DEFAULT_BUCKET_BYTES, ParallelPlan
+from harness.core.llm.plan import DEFAULT_BUCKET_BYTES, ParallelPlan, send_split
 from harness.core.llm.stack import StackGraph
 from harness.core.llm.work import unit_times
 
@@ -137,11 +137,11 @@ class Costing:
         boundary bytes, Megatron-LM's scatter/gather without SP; none between chunks of one stage), memoised."""
         pp, C = c.pp, len(starts)
         stride = c.tp * c.cp * c.dp
+        split = send_split(c.tp, c.sequence_parallel)   # the search's plans keep Megatron-LM's default
         out = []
         for k in range(C - 1):
             a, b = k % pp, (k + 1) % pp
             nb = float(t.boundary[int(starts[k + 1]) - 1])
-            split = c.tp if not c.sequence_parallel else 1
             key = (nb, stride, a, b, split)
             if key not in self.p2ps:
                 self.p2ps[key] = stage_send_time(self.fabric, nb, stride, a, b, split) if a != b else 0.0

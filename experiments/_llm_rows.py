@@ -391,22 +391,22 @@ def row_job(row: Mapping[str, str]) -> RowJob:
                   row.get("notes", ""), d.kernels)
 
 
+def _pairs(jobs: list[RowJob], first: Callable[[RowJob], bool], second: Callable[[RowJob], bool],
+           key: Callable[[RowJob], tuple[object, ...]]) -> list[tuple[RowJob, RowJob]]:
+    """Every (a, b) with ``first(a)``, ``second(b)`` and the same ``key``: rows that differ only in what the key leaves out."""
+    return [(a, b) for a in jobs if first(a) for b in jobs if second(b) and key(a) == key(b)]
+
+
 def schedule_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
     """Pairs of rows that differ only in their pipeline schedule (1F1B against interleaved 1F1B,
     torchtitan's Table 5): (1F1B row, interleaved row)."""
-    def key(j: RowJob) -> tuple[object, ...]:
-        return (j.group, j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp)
-
-    ones = [j for j in jobs if j.pp > 1 and j.schedule == "1f1b"]
-    inter = [j for j in jobs if j.pp > 1 and j.schedule == "interleaved"]
-    return [(a, b) for a in ones for b in inter if key(a) == key(b) and a.group == "torchtitan"]
+    return _pairs(jobs, lambda j: j.pp > 1 and j.schedule == "1f1b" and j.group == "torchtitan",
+                  lambda j: j.pp > 1 and j.schedule == "interleaved",
+                  lambda j: (j.group, j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp))
 
 
 def compile_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
     """Pairs of rows that differ only in torch.compile (torchtitan's Tables 1 and 3): (eager row, compiled row)."""
-    def key(j: RowJob) -> tuple[object, ...]:
-        return (j.group, j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp, j.schedule, j.micro_batch)
-
-    eager = [j for j in jobs if j.kernels == "eager"]
-    compiled = [j for j in jobs if j.kernels.startswith("compiled")]
-    return [(a, b) for a in eager for b in compiled if key(a) == key(b)]
+    return _pairs(jobs, lambda j: j.kernels == "eager", lambda j: j.kernels.startswith("compiled"),
+                  lambda j: (j.group, j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp, j.schedule,
+                             j.micro_batch))

@@ -310,10 +310,15 @@ def fabric_report(fabric: Fabric) -> dict[str, Any]:
     return out
 
 
-def _checked(fabric: Fabric, group: Group, nbytes: float) -> float:
+def _checked_bytes(nbytes: float) -> float:
     x = float(nbytes)
     if not (math.isfinite(x) and x >= 0):
         raise ValueError(f"a collective's bytes must be finite and >= 0, got {nbytes!r}")
+    return x
+
+
+def _checked(fabric: Fabric, group: Group, nbytes: float) -> float:
+    x = _checked_bytes(nbytes)
     if group.last_rank() >= fabric.gpus:
         raise ClusterError(f"a group of {group.size} ranks {group.stride} apart reaches rank {group.last_rank()}, beyond the "
                            f"fabric's {fabric.gpus} GPUs ({fabric.nodes} nodes of {fabric.gpus_per_node})")
@@ -387,9 +392,7 @@ def placed_collective_time(fabric: Fabric, op: str, nbytes: float, size: int, pl
     fastest; an all-to-all as :func:`all_to_all_time`) on the same fabric."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}: one of {', '.join(OPS)}")
-    x = float(nbytes)
-    if not (math.isfinite(x) and x >= 0):
-        raise ValueError(f"a collective's bytes must be finite and >= 0, got {nbytes!r}")
+    x = _checked_bytes(nbytes)
     if not (1 <= pl.min_ranks_per_node <= pl.ranks_per_node <= fabric.gpus_per_node and 1 <= pl.nodes <= fabric.nodes
             and pl.nodes * pl.min_ranks_per_node <= size <= pl.nodes * pl.ranks_per_node and 1 <= pl.pods <= pl.nodes):
         raise ClusterError(f"{size} ranks placed as {pl} do not fit the fabric's {fabric.nodes} nodes of {fabric.gpus_per_node}")

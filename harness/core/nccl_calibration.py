@@ -107,13 +107,8 @@ def pcie_calibration() -> IntraCalibration | None:
     point-to-point message at the datasheet rate (no PCIe send was measured); NCCL's latencies
     as they are.  None when the table has no single-node fit.  Read once a process (the
     committed kernel table)."""
-    from harness.core.kernel_model import load_table as kernel_table
-
-    fits = [(int(p), f) for p, f in kernel_table().get("allreduce", {}).get("fits", {}).items() if int(f.get("nodes", 1)) == 1]
-    if not fits:
-        return None
-    eta = float(max(fits, key=lambda pf: pf[0])[1]["eta"])
-    return IntraCalibration(PCIE, eta, 1.0 / eta, 1.0)
+    eta = _deepbench_eta(across_nodes=False)
+    return None if eta is None else IntraCalibration(PCIE, eta, 1.0 / eta, 1.0)
 
 
 #: the name the network calibration of PCIe nodes reports (:func:`pcie_net_calibration`)
@@ -128,12 +123,18 @@ def pcie_net_calibration() -> NetCalibration | None:
     NIC's line rate, ``cluster=deepbench_p100 cluster.nodes=2``), so its efficiency ``eta`` is
     what NCCL achieved of the NIC; NCCL's network latencies as they are.  None when the table
     has no fit across nodes.  Read once a process."""
+    eta = _deepbench_eta(across_nodes=True)
+    return None if eta is None else NetCalibration(PCIE_NET, eta, 1.0)
+
+
+def _deepbench_eta(across_nodes: bool) -> float | None:
+    """The ring efficiency ``eta`` of DeepBench's largest measured all-reduce group on one node or
+    across nodes (the ``allreduce`` fits of the committed kernel table), None without such a fit."""
     from harness.core.kernel_model import load_table as kernel_table
 
-    fits = [(int(p), f) for p, f in kernel_table().get("allreduce", {}).get("fits", {}).items() if int(f.get("nodes", 1)) > 1]
-    if not fits:
-        return None
-    return NetCalibration(PCIE_NET, float(max(fits, key=lambda pf: pf[0])[1]["eta"]), 1.0)
+    fits = [(int(p), f) for p, f in kernel_table().get("allreduce", {}).get("fits", {}).items()
+            if (int(f.get("nodes", 1)) > 1) == across_nodes]
+    return float(max(fits, key=lambda pf: pf[0])[1]["eta"]) if fits else None
 
 
 def net_calibration(kind: str, nic_cls: str, table: dict[str, Any] | None = None) -> NetCalibration | None:

@@ -243,10 +243,8 @@ class ParallelPlan:
 
     @property
     def send_split(self) -> int:
-        """How many pieces a pipeline send is cut into: ``tp`` under Megatron-LM's scatter/gather
-        (no sequence parallelism: every TP rank holds the whole activation), else 1
-        (:func:`harness.core.llm.pipeline_links.stage_send_time`)."""
-        return self.tp if self.scatter_gather and not self.sequence_parallel else 1
+        """How many pieces the plan's pipeline sends are cut into (:func:`send_split`)."""
+        return send_split(self.tp, self.sequence_parallel, self.scatter_gather)
 
     def chunk_units(self, c: int) -> range:
         """The units of virtual stage ``c`` (contiguous)."""
@@ -604,6 +602,13 @@ def greedy_cuts(prefix: np.ndarray, limit: float) -> list[tuple[int, int]]:
         pieces.append((s, end))
         end = s
     return pieces[::-1]
+
+
+def send_split(tp: int, sequence_parallel: bool, scatter_gather: bool = True) -> int:
+    """How many pieces a pipeline send is cut into: ``tp`` under Megatron-LM's scatter/gather (no
+    sequence parallelism: every TP rank holds the whole activation), else 1
+    (:func:`harness.core.llm.pipeline_links.stage_send_time`)."""
+    return tp if scatter_gather and not sequence_parallel else 1
 
 
 # ---------------------------------------------------------------------------- building a plan
