@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._llm_figures import CONVENTIONS
+from experiments._llm_in_situ import in_situ_lines
 from experiments._gpu_fit_spread import band_reading
 from experiments._llm_tables import GOAL_MEDIAN, GOAL_ROW, GOAL_TAU, SWEEP, sweep_noise
 from experiments.common import frame_markdown, md_cell, parity_plot
@@ -77,10 +78,12 @@ def used_fits(column: pd.Series) -> str:
 
 def verdict_lines(summary: pd.DataFrame) -> list[str]:
     """The verdict table: every summary figure with a goal, simulation beside formula."""
-    lines = ["| figure | rows | goal | simulation | formula | verdict |", "|---|---|---|---|---|---|"]
+    in_situ = "in_situ" in summary and summary["in_situ"].notna().any()
+    lines = ["| figure | rows | goal | simulation | formula | " + ("in-situ factor held out | " if in_situ else "") + "verdict |",
+             "|---|---|---|---|---|" + ("---|" if in_situ else "") + "---|"]
     for r in summary.itertuples():
         lines.append(f"| {md_cell(r.figure)} | {md_cell(r.scope)} | {r.goal or '-'} | {_val(r.figure, r.simulation)} | "
-                     f"{_val(r.figure, r.formula)} | {r.verdict or '-'} |")
+                     f"{_val(r.figure, r.formula)} | " + (f"{_val(r.figure, r.in_situ)} | " if in_situ else "") + f"{r.verdict or '-'} |")
     return lines
 
 
@@ -154,6 +157,9 @@ def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.D
         "published framework did is written per row (`assumptions`); a row the harness cannot express is listed with the reason.",
         "",
         "## Verdict",
+        "",
+        "The verdict is the simulation's (the kernels as measured).  Beside it: the formula baseline, and where it was run the",
+        "simulation again with one in-situ factor held out by source (below: *One in-situ factor, held out by group*).",
         "",
         *verdict_lines(summary),
         "",
@@ -232,6 +238,7 @@ def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.D
         "",
         *[f"* `{k}`: {v}." for k, v in CONVENTIONS.items()],
         "",
+        *in_situ_lines(df),
         *spread_lines(spread),
         "## Every row",
         "",

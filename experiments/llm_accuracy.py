@@ -16,7 +16,9 @@ Outputs under ``results/llm_accuracy/`` (``--quick``: a handful of rows into a s
 ``rows.csv`` (every row: configuration, published, simulated, ratio, memory, OOM, the formula's
 figure, assumptions or the reason), ``summary.csv`` (every summary figure, simulation beside the
 formula, against its goal), ``predicted_vs_published.png`` and a README written from them
-(:mod:`experiments._llm_report`).  ``--fit-seeds`` also simulates every row under kernel tables
+(:mod:`experiments._llm_report`).  Every row with a published time is also re-run under one
+in-situ factor (``costs.in_situ``) estimated from the other sources' rows, never its own
+(:mod:`experiments._llm_in_situ`): a column beside the simulation's, not its verdict.  ``--fit-seeds`` also simulates every row under kernel tables
 refitted on other seeds' splits: how far the kernel fit's split alone moves the figures.
 """
 
@@ -31,6 +33,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from experiments._llm_in_situ import held_out_factors, in_situ_columns, rerun_rows
 from experiments._llm_figures import convention_flops, convention_key, figure_flops, formula_ideal, time_of_figure
 from experiments._llm_report import plot, write_readme
 from experiments._llm_rows import RowJob, load_rows, row_job
@@ -145,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--override takes KEY=VALUE harness overrides, got {bad[0]!r}")
     df, eta = add_formula(row_table(jobs, run_rows(jobs, a.override)))
+    if not any(o.startswith("costs=") and o != "costs=calibrated" for o in a.override):  # costs.in_situ is the calibrated model's
+        factors = held_out_factors(df)
+        df = in_situ_columns(df, rerun_rows(df, jobs, factors, simulate, a.override), factors)
     pairs = pair_table(df, jobs)
     compiles = compile_table(df, jobs)
     summary = summary_table(df, pairs, compiles)
@@ -161,6 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, quick=a.quick, minutes=(time.perf_counter() - t0) / 60, extra=a.override)
     print_table(df.to_dict("records"), ["row_id", "published_kind", "published", "simulated", "ratio", "formula_ratio", "status"],
                 title="simulated / published (ratio: of iteration times)")
-    print_table(summary.to_dict("records"), ["figure", "scope", "simulation", "formula", "goal", "verdict"], title="summary")
+    print_table(summary.to_dict("records"), ["figure", "scope", "simulation", "formula", "in_situ", "goal", "verdict"], title="summary")
     print(f"formula baseline efficiency {eta:.3f}; wrote {out}")
     return 0

@@ -61,7 +61,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from harness.core.cluster import Cluster, DeviceSpec
-from harness.core.costs import AnalyticalCostModel, affine_bytes, node_memory, refuse_unknown, with_measured
+from harness.core.costs import AnalyticalCostModel, CostModelError, affine_bytes, node_memory, refuse_unknown, with_measured
+from harness.core.checks import unit_fraction
 from harness.core.errors import ClusterError, UserError
 from harness.core.fabric import Fabric, Placement, fabric_of, fabric_report, placed_collective_time, placement_of
 from harness.core.graph import OpGraph
@@ -128,10 +129,12 @@ class CalibratedCostModel:
         launch_us: float = 5.0,
         sync: str = "ring",
         efficiency: Mapping[str, float] | None = None,
+        in_situ: float = 1.0,
         **unknown: Any,
     ) -> None:
         refuse_unknown(type(self), unknown)
         self.cluster = cluster
+        self.in_situ = unit_fraction(in_situ, "costs.in_situ", CostModelError)
         self.analytical = AnalyticalCostModel(cluster, efficiency=efficiency, mem_efficiency=mem_efficiency,
                                               launch_us=launch_us, sync=sync)
         self.sync = sync
@@ -206,12 +209,12 @@ class CalibratedCostModel:
         if not self.calibrated(spec.kind) or kernels is None:
             self._used.setdefault(spec.kind, set()).add(
                 "analytical roofline" + ("" if self.calibrated(spec.kind) else " (no kernel fit for this device)"))
-            return self._roofline(spec).node_times(graph, device, fraction)
+            return self._sustained(self._roofline(spec).node_times(graph, device, fraction))
         per_graph = self._times.setdefault(graph, {})
         key = (spec.kind, float(fraction))
         if key not in per_graph:  # a node the graph has a measured time for takes it (with_measured)
-            per_graph[key] = with_measured(graph, spec.kind, fraction,
-                                           self._kernel_node_times(graph.num_nodes, kernels, spec, fraction, device))
+            per_graph[key] = self._sustained(with_measured(graph, spec.kind, fraction,
+                                                           self._kernel_node_times(graph.num_nodes, kernels, spec, fraction, device)))
         return per_graph[key]
 
     def _kernel_node_times(self, n: int, kt: KernelTable, spec: DeviceSpec, fraction: float | np.ndarray,
@@ -267,10 +270,10 @@ class CalibratedCostModel:
         spec = self.cluster.devices[device].spec
         if not self.calibrated(spec.kind):
             self._used.setdefault(spec.kind, set()).add("analytical roofline (no kernel fit for this device)")
-            return self.analytical.kernel_times(kernels, device, num_nodes)
+            return self._sustained(self.analytical.kernel_times(kernels, device, num_nodes))
         if not len(kernels):
             return np.zeros(num_nodes)
-        return self._kernel_node_times(num_nodes, kernels, spec, 1.0, device)
+        return self._sustained(self._kernel_node_times(num_nodes, kernels, spec, 1.0, device))
 
     @staticmethod
     def _gemm_dims(kind: int, d: np.ndarray, kt: KernelTable) -> np.ndarray:
@@ -298,6 +301,11 @@ class CalibratedCostModel:
         gd = self._gemm_dims(kind, dims, kt) / fit.kappa
         flags = conv_flags(dims[:, 5], dims[:, 6], dims[:, 7], dims[:, 8], dims[:, 1]) if model.flag_log.size else None
         return model.time(gd, flops, fit.peak, flags)
+
+    def _sustained(self, seconds: np.ndarray) -> np.ndarray:
+        """Kernel seconds as a training step sustains them: the isolated kernels' (the fits') over
+        ``costs.in_situ``, the fraction of its isolated rate a kernel keeps inside a step."""
+        return seconds if self.in_situ == 1.0 else np.asarray(seconds) / self.in_situ
 
     def compute_time(self, graph: OpGraph, node: int, device: int, fraction: float = 1.0) -> float:
         return float(self.node_times(graph, device, fraction)[node])
@@ -358,7 +366,8 @@ class CalibratedCostModel:
         off the batch; other layers by the roofline on their bytes."""
         spec = self.cluster.devices[device].spec
         if not self.calibrated(spec.kind):
-            return self.analytical.layer_times(lgraph, device, fraction, nodes)
+            fwd, bwd = self.analytical.layer_times(lgraph, device, fraction, nodes)
+            return self._sustained(fwd), self._sustained(bwd)
         fwd_k, bwd_k = _layer_kernels(lgraph)
         idx = np.arange(lgraph.num_nodes) if nodes is None else np.asarray(nodes)
         frac = np.broadcast_to(np.asarray(fraction, dtype=np.float64), (len(idx),))
@@ -374,7 +383,7 @@ class CalibratedCostModel:
                 rows = np.repeat(ptr[idx], counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
                 t = self._kernel_node_times(len(idx), kt.take(rows, entry), spec, frac[entry], device)
                 res[counts > 0] = t[counts > 0]
-            out.append(res)
+            out.append(self._sustained(res))
         return out[0], out[1]
 
     # ------------------------------------------------------------------ reporting
@@ -385,6 +394,8 @@ class CalibratedCostModel:
         nodes the calibration's source - ``datasheet`` or the measured system - and bandwidths)."""
         out: dict[str, Any] = {"model": "calibrated", "table": str(self.table_path),
                                "devices": {kind: "; ".join(sorted(labels)) for kind, labels in self._used.items()}}
+        if self.in_situ != 1.0:
+            out["in_situ"] = f"every kernel at {self.in_situ:.3f} of its isolated rate (costs.in_situ)"
         if self._allreduce_used and self._fabric_cache is not None:
             out["allreduce"] = fabric_report(self._fabric_cache)
         elif self._fabric_error:
@@ -393,7 +404,7 @@ class CalibratedCostModel:
 
     def describe(self) -> dict[str, Any]:
         return {"model": "calibrated", "table": str(self.table_path), "devices": self.devices,
-                "mem_efficiency": self.mem_eff, "launch_us": self.launch * 1e6, "sync": self.sync}
+                "mem_efficiency": self.mem_eff, "launch_us": self.launch * 1e6, "sync": self.sync, "in_situ": self.in_situ}
 
 
 def _layer_kernels(lgraph: "LayerGraph") -> tuple[KernelTable, KernelTable]:
