@@ -26,7 +26,8 @@ GROUP_STYLE: dict[str, tuple[str, str]] = {
 
 def plot(df: pd.DataFrame, path: Path) -> None:
     """Predicted against published iteration time, log-log, with the +-10 % and +-25 % bands: the
-    simulation filled and coloured by group, the formula baseline hollow grey."""
+    simulation filled and coloured by group, its re-run under the held-out in-situ factor hollow in
+    the same colours, the formula baseline hollow grey."""
     ok = df[df["published_time_s"] > 0]
     vals = ok[["published_time_s", "simulated_time_s", "formula_time_s"]].to_numpy(dtype=float)
     vals = vals[np.isfinite(vals) & (vals > 0)]
@@ -41,6 +42,14 @@ def plot(df: pd.DataFrame, path: Path) -> None:
             g = ok[(ok["group"] == group) & (ok["simulated_time_s"] > 0)]
             if len(g):
                 ax.scatter(g["published_time_s"], g["simulated_time_s"], marker=marker, s=26, color=color, label=f"simulated, {group}")
+        if "in_situ_time_s" in ok:
+            label = "re-run under the held-out in-situ factor (hollow)"
+            for group, (color, marker) in GROUP_STYLE.items():
+                g = ok[(ok["group"] == group) & (ok["in_situ_time_s"] > 0)]
+                if len(g):
+                    ax.scatter(g["published_time_s"], g["in_situ_time_s"], marker=marker, s=22, facecolors="none", edgecolors=color,
+                               linewidths=0.8, label=label)
+                    label = None
 
     parity_plot(path, float(vals.min()) / 1.6, float(vals.max()) * 1.6, draw,
                 xlabel="published iteration time, s (a rate converted with the row's FLOP convention)",
