@@ -96,6 +96,14 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
+def verdict_intro(in_situ: bool) -> list[str]:
+    """What the verdict table's columns are."""
+    if not in_situ:
+        return ["The verdict is the simulation's (the kernels as measured); beside it, the formula baseline."]
+    return ["The verdict is the simulation's (the kernels as measured).  Beside it: the formula baseline, and the simulation",
+            "again with one in-situ factor held out by source (below: *One in-situ factor, held out by group*)."]
+
+
 def direction_lines(sim: pd.DataFrame) -> list[str]:
     """Whether the misses share a direction across the groups (a shared offset is one of the
     per-GPU step, not of one framework's configuration)."""
@@ -167,8 +175,7 @@ def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.D
         "",
         "## Verdict",
         "",
-        "The verdict is the simulation's (the kernels as measured).  Beside it: the formula baseline, and where it was run the",
-        "simulation again with one in-situ factor held out by source (below: *One in-situ factor, held out by group*).",
+        *verdict_intro("in_situ_ratio" in df),
         "",
         *verdict_lines(summary),
         "",

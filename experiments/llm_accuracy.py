@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--override takes KEY=VALUE harness overrides, got {bad[0]!r}")
     df, eta = add_formula(row_table(jobs, run_rows(jobs, a.override)))
-    if not any(o.startswith("costs=") and o != "costs=calibrated" for o in a.override):  # costs.in_situ is the calibrated model's
+    # the held-out re-run: under the calibrated model (costs.in_situ is its knob), unless the overrides already set the factor
+    if not any((o.startswith("costs=") and o != "costs=calibrated") or o.startswith("costs.in_situ=") for o in a.override):
         factors = held_out_factors(df)
         df = in_situ_columns(df, rerun_rows(df, jobs, factors, simulate, a.override), factors)
     pairs = pair_table(df, jobs)

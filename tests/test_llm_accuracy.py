@@ -192,6 +192,16 @@ def test_a_small_run_writes_its_files(tmp_path):
     assert "TT-ATP8-3a" in readme and "Verdict" in readme
 
 
+def test_a_factor_given_on_the_command_line_is_not_re_estimated(tmp_path):
+    """``--override costs.in_situ=F`` runs every row under F; the held-out re-run (which would
+    replace it) is left out, and the README says only what was run."""
+    assert llm_accuracy.main(["--out", str(tmp_path), "--fit-seeds", "--rows", "KOR22-1a", "TT-T1-1",
+                              "--override", "costs.in_situ=0.9"]) == 0
+    df = pd.read_csv(tmp_path / "rows.csv")
+    assert not any(c.startswith("in_situ") for c in df.columns) and (df["ratio"] > 0).all()
+    assert "held out" not in (tmp_path / "README.md").read_text()
+
+
 def test_a_mistake_on_the_command_line_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         llm_accuracy.main(["--rows", "NO-SUCH-ROW"])
