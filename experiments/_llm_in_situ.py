@@ -100,8 +100,9 @@ def in_situ_lines(df: pd.DataFrame) -> list[str]:
         *body,
         "",
         f"All {len(per)} sources together imply {all_sources:.3f} (the same median over every row): for a run the harness has",
-        f"not seen, `costs.in_situ={all_sources:.2f}` is the calibrated reading.  The spread of the held-out factors, and of the",
-        "errors under them, is how far one number is from describing every source.",
+        f"not seen, `costs.in_situ={all_sources:.2f}` is the calibrated reading (`costs=calibrated_runs` carries it; a test holds",
+        "it to these rows).  The spread of the held-out factors, and of the errors under them, is how far one number is from",
+        "describing every source.",
         "",
     ]
 

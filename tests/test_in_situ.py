@@ -94,3 +94,16 @@ def test_a_folds_factor_never_reads_its_own_rows():
         assert held_out_factors(frame(moved))[fold] == f[fold]          # its own rows do not move it
     assert held_out_factors(frame({"a": [1.3], "b": [1.4]})) == {"a": 1.0, "b": 1.0}  # never faster than alone
     assert math.isnan(held_out_factors(frame({"a": [0.8, 0.9]}))["a"])             # nothing to learn from
+
+
+def test_the_calibrated_runs_preset_is_what_the_committed_runs_imply():
+    """``costs=calibrated_runs`` carries the factor every source of results/llm_accuracy/rows.csv
+    implies together (each source one vote), to the two decimals the preset gives."""
+    from harness.app.compose import CONF
+
+    rows = pd.read_csv(CONF.parent / "results" / "llm_accuracy" / "rows.csv")
+    ok = rows[(rows["status"] == "simulated") & (rows["ratio"] > 0)]
+    implied = min(balanced_median(ok["ratio"].to_numpy(), ok["group"].map(fold_of).to_numpy()), 1.0)
+    preset = costs("costs=calibrated_runs")
+    assert preset.in_situ == pytest.approx(round(implied, 2), abs=1e-9)
+    assert costs().in_situ == 1.0    # the default: the kernels as measured
