@@ -49,18 +49,19 @@ def balanced_median(values: Sequence[float], folds: Sequence[str]) -> float:
     return float(v[order][np.searchsorted(cum, 0.5 * cum[-1] - 1e-12)])
 
 
+def implied_factor(rows: pd.DataFrame) -> float:
+    """The in-situ factor ``rows`` imply: :func:`balanced_median` of their simulated / published
+    ratios over their folds, capped at 1; NaN for no rows."""
+    m = balanced_median(rows["ratio"].to_numpy(), rows["group"].map(fold_of).to_numpy())
+    return min(m, 1.0) if math.isfinite(m) else math.nan
+
+
 def held_out_factors(df: pd.DataFrame) -> dict[str, float]:
     """Per fold with a simulated row that has a published time, the in-situ factor the other folds'
-    rows imply (:func:`balanced_median` of their ratios, capped at 1); NaN for a fold with no other
-    fold to learn from."""
+    rows imply (:func:`implied_factor`); NaN for a fold with no other fold to learn from."""
     ok = df[(df["status"] == "simulated") & (df["ratio"] > 0)]
     folds = ok["group"].map(fold_of)
-    out = {}
-    for fold in sorted(set(folds)):
-        rest = folds != fold
-        m = balanced_median(ok.loc[rest, "ratio"].to_numpy(), folds[rest].to_numpy()) if rest.any() else math.nan
-        out[fold] = min(m, 1.0) if math.isfinite(m) else math.nan
-    return out
+    return {fold: implied_factor(ok[folds != fold]) for fold in sorted(set(folds))}
 
 
 def in_situ_columns(df: pd.DataFrame, times: dict[str, float], factors: dict[str, float]) -> pd.DataFrame:
@@ -81,7 +82,7 @@ def in_situ_lines(df: pd.DataFrame) -> list[str]:
     per = ok.groupby(ok["group"].map(fold_of)).agg(factor=("in_situ", "first"), rows=("row_id", "size"),
                                                    kernels=("ratio", lambda r: float(np.median(np.abs(r - 1)))),
                                                    held_out=("in_situ_ratio", lambda r: float(np.median(np.abs(r - 1)))))
-    all_sources = min(balanced_median(ok["ratio"].to_numpy(), ok["group"].map(fold_of).to_numpy()), 1.0)
+    all_sources = implied_factor(ok)
     body = [f"| {fold} | {int(r.rows)} | {r.factor:.3f} | {100 * r.kernels:.1f} % | {100 * r.held_out:.1f} % |"
             for fold, r in per.iterrows()]
     return [

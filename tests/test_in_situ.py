@@ -11,11 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments._llm_in_situ import balanced_median, fold_of, held_out_factors
+from experiments._llm_in_situ import balanced_median, fold_of, held_out_factors, implied_factor
 from harness.app.compose import compose
 from harness.app.run import build
 from harness.core.calibrated import CalibratedCostModel
 from harness.core.costs import CostModelError
+from harness.core.graph import OpGraph
 from harness.core.kernels import ATTN, GEMM, MEM, NCOLS, KernelTable
 from harness.core.precision import MATH
 from tests.helpers import refused, run_harness
@@ -102,8 +103,18 @@ def test_the_calibrated_runs_preset_is_what_the_committed_runs_imply():
     from harness.app.compose import CONF
 
     rows = pd.read_csv(CONF.parent / "results" / "llm_accuracy" / "rows.csv")
-    ok = rows[(rows["status"] == "simulated") & (rows["ratio"] > 0)]
-    implied = min(balanced_median(ok["ratio"].to_numpy(), ok["group"].map(fold_of).to_numpy()), 1.0)
+    implied = implied_factor(rows[(rows["status"] == "simulated") & (rows["ratio"] > 0)])
     preset = costs("costs=calibrated_runs")
     assert preset.in_situ == pytest.approx(round(implied, 2), abs=1e-9)
     assert costs().in_situ == 1.0    # the default: the kernels as measured
+
+
+@pytest.mark.parametrize("cluster", ["dgx_a100", "cpu2"])   # a device with kernel fits, and one the roofline costs
+def test_in_situ_leaves_a_measured_node_time_as_measured(cluster):
+    base, slow = (build(compose(["model=lenet5", f"cluster={cluster}", *o]))[2] for o in ((), ("costs.in_situ=0.5",)))
+    src = build(compose(["model=lenet5", f"cluster={cluster}"]))[0]
+    g = src.op_graph()
+    g = OpGraph.from_dict({**g.to_dict(), "node_time_s": {"*": [1e-3] + [None] * (g.num_nodes - 1)}})
+    t, t0 = slow.node_times(g, 0), base.node_times(g, 0)
+    assert t[0] == t0[0] == 1e-3                                          # measured: as measured
+    np.testing.assert_allclose(t[1:], t0[1:] / 0.5, rtol=1e-12)           # modelled: over the factor

@@ -209,12 +209,13 @@ class CalibratedCostModel:
         if not self.calibrated(spec.kind) or kernels is None:
             self._used.setdefault(spec.kind, set()).add(
                 "analytical roofline" + ("" if self.calibrated(spec.kind) else " (no kernel fit for this device)"))
-            return self._sustained(self._roofline(spec).node_times(graph, device, fraction))
+            # in situ scales the modelled times, not the ones the graph carries measured
+            return with_measured(graph, spec.kind, fraction, self._sustained(self._roofline(spec).node_times(graph, device, fraction)))
         per_graph = self._times.setdefault(graph, {})
         key = (spec.kind, float(fraction))
         if key not in per_graph:  # a node the graph has a measured time for takes it (with_measured)
-            per_graph[key] = self._sustained(with_measured(graph, spec.kind, fraction,
-                                                           self._kernel_node_times(graph.num_nodes, kernels, spec, fraction, device)))
+            per_graph[key] = with_measured(graph, spec.kind, fraction,
+                                           self._sustained(self._kernel_node_times(graph.num_nodes, kernels, spec, fraction, device)))
         return per_graph[key]
 
     def _kernel_node_times(self, n: int, kt: KernelTable, spec: DeviceSpec, fraction: float | np.ndarray,
