@@ -19,7 +19,8 @@ from harness.core.errors import ClusterError, OptionError
 from harness.core.fabric import (OPS, Fabric, Group, Placement, all_to_all_time, bus_bandwidth, calibrate, collective_time,
                                  fabric_of, fabric_report, nvls_time, p2p_time, placed_collective_time, placement_of, rank_layout)
 from harness.core.kernel_model import load_table as kernel_table
-from harness.core.nccl_calibration import PCIE, PCIE_NET, IntraCalibration, NetCalibration, load_table
+from harness.core.nccl_calibration import (OPA_CSV, OPA_NET, PCIE, PCIE_NET, IntraCalibration, NetCalibration, load_table,
+                                           opa_net_calibration)
 from tests.helpers import DEVICE, make_cluster, preset_cluster
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster"
@@ -317,11 +318,36 @@ def test_fabric_of_calibrates_the_measured_systems():
     assert h.nvls_bw == pytest.approx(450e9 * h100["nvls_eff"]) and h.intra_bw == pytest.approx(450e9 * h100["bus_eff"])
     assert fabric_of(preset_cluster("cluster=dgx_h100", "cluster.intra.nvls=false")).nvls_bw == 0.0
     assert fabric_of(preset_cluster("cluster=parametric")).nvls_bw > 0  # nvls: null, an H100
-    assert fabric_of(preset_cluster("cluster=jean_zay_a100")).inter_source == "datasheet"  # Omni-Path
+    assert fabric_of(preset_cluster("cluster=jean_zay_a100")).inter_source == OPA_NET  # Omni-Path: test_omni_path_...
+    assert fabric_of(preset_cluster("cluster=jean_zay_a100", "cluster/device=h100_sxm5")).inter_source == "datasheet"
     for overrides in (["cluster=dgx1_v100"], ["cluster=p100x16_4nodes"], ["cluster=parametric", "cluster/device=p100_sxm2"],
                       ["cluster=cpu2"]):
         cl = preset_cluster(*overrides)
         assert fabric_of(cl) == fabric_of(cl, calibrated=False), overrides
+
+
+def test_omni_path_across_a100_nodes_runs_at_bigscience_measured_rate(tmp_path: Path) -> None:
+    """Jean Zay's Omni-Path: every GPU's share of its node's adapters at the efficiency NCCL
+    reached there (net_eff, below 1); a ring that crosses each node through one adapter, as NCCL's
+    log shows the measured one did, prices that 4 GB all-reduce at each measured trial's time but
+    the warm-up; without the measurements the datasheet."""
+    import csv
+
+    net = opa_net_calibration()
+    assert net is not None and net.name == OPA_NET and 0.05 < net.net_eff < 1.0
+    f, raw = fabric_of(preset_cluster("cluster=jean_zay_a100")), fabric_of(preset_cluster("cluster=jean_zay_a100"), calibrated=False)
+    assert f.inter_bw == pytest.approx(raw.inter_bw * net.net_eff) and f.intra_bw > raw.inter_bw
+    assert fabric_report(f)["inter"]["source"] == OPA_NET
+    one_adapter = fabric_of(preset_cluster("cluster=jean_zay_a100", "cluster.nodes=4", "cluster.inter.nics_per_node=1"))
+    with OPA_CSV.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        t = collective_time(one_adapter, r["collective"], float(r["bytes"]), Group(int(r["ranks"])))
+        if r["use"] == "fit":
+            assert t == pytest.approx(float(r["time_s"]), rel=0.01)
+        else:  # the warm-up: slower than the calibrated ring, and not what it was calibrated on
+            assert float(r["time_s"]) > 2 * t
+    assert opa_net_calibration(str(tmp_path / "missing.csv")) is None
 
 
 def deepbench_ring(cl, nbytes: float, devs: list[int]) -> float:

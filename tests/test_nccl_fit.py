@@ -13,7 +13,7 @@ import pytest
 from harness.app import nccl_fit
 from harness.app.nccl_samples import CLASSES, NCCL_CSV, PLATEAU_BYTES, Left, Sample, load, number
 from harness.core.fabric import Group, collective_time, fabric_of
-from harness.core.nccl_calibration import load_table
+from harness.core.nccl_calibration import OPA_NET, load_table
 from tests.helpers import preset_cluster
 
 SAMPLES, LEFT = load()
@@ -140,7 +140,8 @@ JOB = ["model=llm", "model.layers=2", "model.hidden=1024", "model.heads=16", "mo
 @pytest.mark.parametrize("cluster,intra,inter,nvls", [
     (["cluster=superpod_h100", "cluster.nodes=2"], "H100/nvswitch", "ib_roce", True),
     (["cluster=superpod_a100", "cluster.nodes=2"], "A100/nvswitch", "ib_roce", False),
-    (["cluster=jean_zay_a100", "cluster.nodes=2"], "A100/nvswitch", "datasheet", False),  # Omni-Path: no measurement
+    (["cluster=jean_zay_a100", "cluster.nodes=2"], "A100/nvswitch", OPA_NET, False),  # Omni-Path: BigScience's, no held-out rows
+    (["cluster=jean_zay_a100", "cluster.nodes=2", "cluster/device=h100_sxm5"], "H100/nvswitch", "datasheet", False),
 ])
 def test_a_jobs_result_names_its_fabric_calibration(cluster, intra, inter, nvls):
     from harness.app.compose import compose
@@ -148,4 +149,5 @@ def test_a_jobs_result_names_its_fabric_calibration(cluster, intra, inter, nvls)
 
     rep = run(compose([*JOB, *cluster])).row["fabric_report"]
     assert (rep["intra"]["source"], rep["inter"]["source"], rep["intra"]["nvls_GBps"] is not None) == (intra, inter, nvls)
-    assert ("heldout_error" in rep["inter"]) == (inter != "datasheet")
+    assert ("heldout_error" in rep["inter"]) == (inter not in ("datasheet", OPA_NET))
+    assert ("measurements" in rep["inter"]) == (inter == OPA_NET)

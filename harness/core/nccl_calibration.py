@@ -16,14 +16,17 @@ datasheet figures before NCCL's tuning model runs on them:
 Each system carries the held-out errors of the classes it was checked on.  A PCIe node takes
 the one all-reduce measured on PCIe here, DeepBench's on eight P100s (:func:`pcie_calibration`:
 the ring efficiency it measured) and, across nodes over InfiniBand, DeepBench's two-server
-all-reduce (:func:`pcie_net_calibration`).  A cluster no measurement covers
-(another GPU's NVSwitch, a cube-mesh node, Omni-Path, Ethernet) gets ``None`` here, the
-datasheet model, and says so (:data:`DATASHEET`).
+all-reduce (:func:`pcie_net_calibration`).  Omni-Path across A100 nodes takes BigScience's
+all-reduces on Jean Zay, where BLOOM trained (:func:`opa_net_calibration`).  A cluster no
+measurement covers (another GPU's NVSwitch, a cube-mesh node, Omni-Path across other GPUs,
+Ethernet) gets ``None`` here, the datasheet model, and says so (:data:`DATASHEET`).
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -137,9 +140,42 @@ def _deepbench_eta(across_nodes: bool) -> float | None:
     return float(max(fits, key=lambda pf: pf[0])[1]["eta"]) if fits else None
 
 
+#: BigScience's all-reduces across Jean Zay's A100 nodes over Omni-Path (:func:`opa_net_calibration`)
+OPA_CSV = DATA / "gpu" / "jean_zay_allreduce.csv"
+#: the name the Omni-Path calibration reports
+OPA_NET = "Jean Zay A100 Omni-Path all-reduce (BigScience)"
+#: the NIC class it covers (``cluster.inter.cls``) and the GPU family it was measured on
+OPA_CLASS, OPA_FAMILY = "opa", "A100"
+
+
+@lru_cache(maxsize=2)
+def opa_net_calibration(path: str | None = None) -> NetCalibration | None:
+    """Omni-Path 100 joining A100 nodes, from BigScience's ``all_reduce_bench`` on four of Jean
+    Zay's eight-A100 nodes (``harness/data/gpu/jean_zay_allreduce.csv``, its README): a 4 GB
+    all-reduce over the 32 GPUs.  NCCL's log shows the ring's two channels entering every node
+    through one host fabric adapter and leaving through another (``nics_crossed_per_node``), so
+    its bus bandwidth is what NCCL moved through one adapter each way: ``net_eff`` is that over
+    the adapter's line rate (the median of the trials after the warm-up one; the message is so
+    large that latency is below 0.01 % of its time, so the ring of :mod:`harness.core.fabric`
+    at this efficiency gives the measured time).  NCCL's network latencies as they are (no
+    small message was measured).  None without the file.  Read once a process."""
+    p = Path(path) if path is not None else OPA_CSV
+    if not p.exists():
+        return None
+    with p.open(newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["use"] == "fit"]
+    if not rows:
+        return None
+    eff = [float(r["busbw_GBps"]) * 8 / (float(r["nic_line_rate_gbps"]) * int(r["nics_crossed_per_node"])) for r in rows]
+    return NetCalibration(OPA_NET, float(statistics.median(eff)), 1.0)
+
+
 def net_calibration(kind: str, nic_cls: str, table: dict[str, Any] | None = None) -> NetCalibration | None:
     """The calibration of InfiniBand / RoCE NICs (``nic_cls``) joining nodes of ``kind`` GPUs
-    (the measured systems), None for another network or GPU."""
+    (the measured systems), of Omni-Path joining A100 nodes (:func:`opa_net_calibration`), None
+    for another network or GPU."""
+    if nic_cls == OPA_CLASS and device_family(kind) == OPA_FAMILY:
+        return opa_net_calibration()
     if nic_cls not in NETWORK_CLASSES or device_family(kind) is None:
         return None
     entry = (table or load_table())["systems"].get("ib_roce")
@@ -151,7 +187,11 @@ def net_calibration(kind: str, nic_cls: str, table: dict[str, Any] | None = None
 def source_errors(name: str, table: dict[str, Any] | None = None) -> dict[str, Any]:
     """For a report: the held-out errors per class of calibration ``name`` (``heldout_error``:
     class -> median and 90th percentile of |predicted / measured - 1| over the rows the fit never
-    saw, and their count), nothing for the datasheet."""
+    saw, and their count), nothing for the datasheet.  The Omni-Path calibration has no rows held
+    out (one size of one group, every steady trial in it): its report says so."""
+    if name == OPA_NET:
+        return {"measurements": {"file": OPA_CSV.name, "held_out": "none: one all-reduce size over one group, every "
+                                 "trial but the warm-up fitted (they agree within 1 %)"}}
     entry = (table or load_table())["systems"].get(name)
     if entry is None:
         return {}
