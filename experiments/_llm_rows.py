@@ -325,6 +325,11 @@ def _bloom(row: Mapping[str, str]) -> _Draft:
         d.algo.append(f"algo.stages=[{','.join([str((layers + 2) // d.pp)] * d.pp)}]")
         d.notes.append("--pp-partition-method 'type:transformer|embedding': the embedding and the tied head take a block's slot each")
     d.notes.append("DeepSpeed's pipeline engine reduces the gradients and gathers the ZeRO-1 shards after the backward, not overlapped")
+    if precision == "amp_bf16":
+        d.algo.append("algo.keep_lp_grads=true")
+        d.notes.append("DeepSpeed's BF16_Optimizer keeps the BF16 gradients beside its unsharded FP32 accumulation and adds each "
+                       "micro-batch's into it (runtime/bf16_optimizer.py, pipe/engine.py; the chronicle: 'additional memory usage "
+                       "is 4bytes x params and it's not sharded'): algo.keep_lp_grads=true")
     d.notes.append(f"vocabulary: BLOOM's tokenizer, 250,680, padded to a multiple of 128 x TP = {padded_vocab(250680, d.tp)} as "
                    "Megatron-DeepSpeed pads it (the production run: --pad-vocab-size-to 250880)")
     if zero == 0 or row["row_id"].startswith("BLOOM-ZS"):

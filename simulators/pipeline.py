@@ -39,7 +39,10 @@ Per stage, in :func:`harness.core.llm.schedules.stage_order`'s order, per op and
   its last backward.  Expert parameters reduce over the
   expert-data-parallel group (``dp * cp / ep`` ranks);
 * **optimizer**: one COMPUTE task per stage at the end, memory-bound: Adam reads and writes its
-  fp32 states and reads the gradient, writes the weight, for the local (ZeRO-sharded) elements.
+  fp32 states and reads the gradient, writes the weight, for the local (ZeRO-sharded) elements;
+  with ``keep_lp_grads`` (DeepSpeed's BF16_Optimizer) also one after every micro-batch's backward
+  of a chunk, before its send: ``update_hp_grads`` adds the chunk's 16-bit gradients into their
+  wider accumulators (:func:`simulators.pipeline_costs.grad_accumulation_seconds`).
 
 Memory per GPU by kind and the units' costs: :mod:`simulators.pipeline_costs`; the figures read off the
 timeline: :mod:`simulators.pipeline_figures`; the picture: :mod:`simulators.pipeline_gantt`.
@@ -66,7 +69,8 @@ from harness.core.llm.stack import StackGraph
 from simulators import engine
 from harness.core.llm.memory import STATE_BYTES, shard_groups
 from harness.core.llm.pipeline_links import stage_send_time
-from simulators.pipeline_costs import (UnitCost, comm_seconds, optimizer_seconds, precision_peak, static_memory, step_flops,
+from simulators.pipeline_costs import (UnitCost, check_lp_grads, comm_seconds, grad_accumulation_seconds, optimizer_seconds,
+                                       precision_peak, static_memory, step_flops,
                                        tie_embeddings, unit_costs, wire_bytes)
 from simulators.pipeline_figures import CAT, pipeline_figures
 from simulators.result import SimResult
@@ -125,13 +129,16 @@ PHASE_OF = {"forward": FORWARD, "backward": BACKWARD, "recompute": BACKWARD}
 
 def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s: Sequence[float],
                     collective: Callable[[str, float, str], tuple[float, float]], optimizer_s: Sequence[float],
-                    precision: str, embedding_sync: Mapping[int, float] | None = None) -> tuple[TaskGraph, dict[str, Any]]:
+                    precision: str, embedding_sync: Mapping[int, float] | None = None,
+                    grad_acc_s: Sequence[float] | None = None) -> tuple[TaskGraph, dict[str, Any]]:
     """The task graph of one step (module docstring) from resolved costs: ``p2p_s[c]`` the seconds
     of the transfer between chunk ``c`` and ``c + 1`` (each way), ``collective(op, nbytes, group)``
     the (seconds, wire bytes) of a DP / ZeRO collective over ``"dp"`` (``dp * cp`` ranks),
     ``"edp"`` (the experts') or ``"emb"`` (the first and last stage's tied embedding),
     ``optimizer_s[s]`` stage ``s``'s optimizer step, ``embedding_sync[s]`` the tied-embedding
-    elements stage ``s`` all-reduces before it (:func:`tie_embeddings`).  Engine devices are the
+    elements stage ``s`` all-reduces before it (:func:`tie_embeddings`), ``grad_acc_s[c]`` the
+    gradient accumulation pass after each micro-batch's backward of chunk ``c`` (``keep_lp_grads``;
+    None: none).  Engine devices are the
     stages; links ``0..pp-1`` carry stage ``s``'s forward sends, ``pp..2pp-1`` its backward sends,
     ``2pp..3pp-1`` its DP / ZeRO collectives."""
     pp, C = plan.pp, plan.chunks
@@ -237,6 +244,8 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
                             last_rs += rs
                     if i == m - 1:
                         grad_done[u] = t
+            if grad_acc_s is not None and op.kind == ("W" if split else "B") and grad_acc_s[c] > 0:
+                device(s, grad_acc_s[c], "opt", -1, i, c, BACKWARD, f"grad accumulate {i} c{c}")
             entry[(op.kind, i, c)], exit_[(op.kind, i, c)] = prio[op_start], prio[-1]
 
         # gradient buckets (not ZeRO-3), their reductions, the optimizer step, ZeRO-1/2's parameter gathers
@@ -366,14 +375,19 @@ def build_pipeline_taskgraph(graph: StackGraph, plan: ParallelPlan, cluster: Clu
         a, b = c % plan.pp, (c + 1) % plan.pp
         nb = units[plan.chunk_units(c)[-1]].boundary_bytes
         p2p.append(stage_send_time(fabric, nb, stride, a, b, plan.send_split) if a != b else 0.0)
+    check_lp_grads(plan, precision)
     static = static_memory(plan, units, stage_units, precision)
+    acc = None
+    if plan.keep_lp_grads:
+        acc = [grad_accumulation_seconds(costs, ranks[c % plan.pp], float(sum(units[u].params_local for u in plan.chunk_units(c))),
+                                         precision) for c in range(plan.chunks)]
     opt = []
     for s, us in enumerate(stage_units):
         dense = sum(units[u].params_local - units[u].expert_params_local for u in us)
         expert = sum(units[u].expert_params_local for u in us)
         elements = dense + expert if plan.zero == 0 else dense / d + expert / de
         opt.append(optimizer_seconds(costs, ranks[s], elements, precision))
-    tg, _ = expand_pipeline(plan, m, units, p2p, collective, opt, precision, sync)
+    tg, _ = expand_pipeline(plan, m, units, p2p, collective, opt, precision, sync, acc)
     tg.static_mem = sum(static.values()).astype(np.int64)
     names = [f"stage {s} ({cluster.devices[r].name})" for s, r in enumerate(ranks)]
     links = ([f"pp send stage {s} -> {(s + 1) % plan.pp}" for s in range(plan.pp)]

@@ -14,7 +14,8 @@ transient working set of the stage's units; buffers: the received P2P activation
 ZeRO-3's gathered parameters (the unit in use and the prefetched one, or all the stage's when
 parameters stay gathered from forward to backward) and one unit's unsharded gradient (``gather_once``:
 all the stage's weights and unsharded gradients), ZeRO-2's
-one bucket of unsharded gradients.  Not modelled: NCCL's own buffers, the allocator's
+one bucket of unsharded gradients.  ``algo.keep_lp_grads`` (DeepSpeed's BF16_Optimizer): the
+16-bit gradients besides, unsharded, all step.  Not modelled: NCCL's own buffers, the allocator's
 fragmentation, CUDA context (about 0.5-1 GB a GPU in practice).
 """
 
@@ -32,7 +33,7 @@ from harness.core.fabric import Fabric, Group, collective_time, p2p_time
 from harness.core.kernels import MEM, NCOLS, KernelTable
 from harness.core.llm.flops import hardware_flops, model_flops
 from harness.core.llm.memory import STATE_BYTES, model_state_bytes, shard_groups
-from harness.core.llm.plan import ParallelPlan
+from harness.core.llm.plan import ParallelPlan, PlanError
 from harness.core.llm.stack import StackGraph
 from harness.core.llm.work import unit_times
 from harness.core.precision import Precision, math_of
@@ -144,7 +145,29 @@ def optimizer_seconds(costs: CostModel, device: int, elements: float, precision:
     """The optimizer step of ``elements`` local parameter elements, a memory-bound kernel: Adam
     reads and writes each optimizer state byte, reads the gradient and writes the weight."""
     w, g, o = STATE_BYTES[precision]
-    nbytes = int(math.ceil(elements * (2 * o + g + w)))
+    return _memory_pass(costs, device, int(math.ceil(elements * (2 * o + g + w))))
+
+
+def check_lp_grads(plan: ParallelPlan, precision: str) -> None:
+    """``algo.keep_lp_grads`` keeps 16-bit gradients beside wider ones: a precision whose gradients
+    are kept wider than its weights (``amp_bf16``, ``amp_fp8``), else a one-line :class:`PlanError`."""
+    w, g, _ = STATE_BYTES[precision]
+    if plan.keep_lp_grads and g <= w:
+        raise PlanError(f"algo.keep_lp_grads=true keeps the 16-bit gradients beside a wider accumulation (DeepSpeed's "
+                        f"BF16_Optimizer), and precision={precision} keeps its gradients in {g} bytes like its weights: "
+                        f"use precision=amp_bf16 or algo.keep_lp_grads=false")
+
+
+def grad_accumulation_seconds(costs: CostModel, device: int, elements: float, precision: str) -> float:
+    """DeepSpeed's ``update_hp_grads`` after one micro-batch's backward (``algo.keep_lp_grads``):
+    a memory-bound pass over ``elements`` local parameter elements that reads each 16-bit gradient
+    and reads and writes its wider accumulator."""
+    w, g, _ = STATE_BYTES[precision]
+    return _memory_pass(costs, device, int(math.ceil(elements * (w + 2 * g))))
+
+
+def _memory_pass(costs: CostModel, device: int, nbytes: int) -> float:
+    """Seconds of one memory-bound kernel moving ``nbytes`` on ``device`` (0 for none)."""
     if nbytes <= 0:
         return 0.0
     dims = np.zeros((1, NCOLS), dtype=np.int64)
@@ -164,6 +187,8 @@ def static_memory(plan: ParallelPlan, units: Sequence[UnitCost], stage_units: Se
         expert = sum(units[u].expert_params_local for u in us)
         full = dense + expert
         out["weights"][s], out["gradients"][s], out["optimizer"][s] = model_state_bytes(precision, plan.zero, dense, expert, d, de)
+        if plan.keep_lp_grads:  # the 16-bit gradients too, unsharded, all step
+            out["gradients"][s] += int(math.ceil(w * full))
         out["transient"][s] = max((units[u].transient_bytes for u in us), default=0)
         biggest = max((units[u].params_local for u in us), default=0)
         buf = 2 * max((units[u].boundary_bytes for u in us), default=0) if pp > 1 else 0

@@ -166,6 +166,10 @@ def test_gather_once_needs_zero_3() -> None:
     refused(lambda: build("megatron", zero=1, gather_once=True), "algo=megatron: ", "algo.gather_once", "algo.zero=3", kind=OptionError)
 
 
+def test_keep_lp_grads_needs_zero_0_or_1() -> None:
+    refused(lambda: build("megatron", zero=2, keep_lp_grads=True), "algo=megatron: ", "algo.keep_lp_grads", "algo.zero=1", kind=OptionError)
+
+
 def test_scatter_gather_is_a_flag() -> None:
     refused(lambda: build("megatron", scatter_gather="maybe"), "algo.scatter_gather", kind=OptionError)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.core.llm.plan import ParallelPlan
+from harness.core.llm.plan import ParallelPlan, PlanError
 from simulators import engine
 from simulators.pipeline import expand_pipeline
 from harness.core.llm.memory import STATE_BYTES
@@ -106,6 +106,49 @@ def test_gather_once_gathers_and_reduces_each_unit_once_a_step() -> None:
     boundary = 2 * units[0].boundary_bytes
     assert per_stage[1] - boundary == (w + g) * 2 * P           # the stage's two units, gathered, and their gradients
     assert per_stage[0] - boundary == w * 2 * P + g * P         # the unit in use and the prefetched one, one unit's gradient
+
+
+def test_keep_lp_grads_holds_the_16_bit_gradients_and_adds_them_every_micro_batch() -> None:
+    """DeepSpeed's BF16_Optimizer (``keep_lp_grads``): the 16-bit gradients (2 bytes a parameter,
+    unsharded) beside the FP32 ones all step and nothing else; one accumulation pass per micro-batch
+    and chunk after its backward and before that backward's send, on the stage's device."""
+    P, m, acc = 1_000_000, 6, 0.3
+    base = ParallelPlan(tp=1, pp=2, dp=4, zero=1, stages=(2, 2))
+    keep = ParallelPlan(tp=1, pp=2, dp=4, zero=1, stages=(2, 2), keep_lp_grads=True)
+    units = units_of(4, params=P)
+    mem = [static_memory(p, units, [p.stage_units(s) for s in range(2)], "amp_bf16") for p in (base, keep)]
+    for s in range(2):
+        assert mem[1]["gradients"][s] - mem[0]["gradients"][s] == STATE_BYTES["amp_bf16"][0] * 2 * P
+        assert all(mem[1][k][s] == mem[0][k][s] for k in mem[0] if k != "gradients")
+
+    def step(plan: ParallelPlan, grad_acc):
+        tg, _ = expand_pipeline(plan, m, units, [0.05], lambda op, nb, grp: (0.0, 0.0), [0.0, 0.0], "amp_bf16", None, grad_acc)
+        return tg, engine.run(tg, 2, 6)
+
+    tg0, tl0 = step(base, None)
+    tg, tl = step(keep, [acc, acc])
+    passes = [t for t, x in enumerate(tg.label) if x.startswith("grad accumulate")]
+    assert len(passes) == 2 * m and not any(x.startswith("grad accumulate") for x in tg0.label)
+    assert tl.busy == pytest.approx(tl0.busy + m * acc)
+    assert tl.makespan > tl0.makespan
+    for t in passes:
+        i = int(tg.label[t].split()[2])
+        if tg.dev[t] == 1:  # stage 1 sends micro-batch i's input gradient back only after its pass
+            send = tg.label.index(f"pp B{i} c0<-c1")
+            assert tl.start[send] >= tl.end[t] - 1e-12
+
+
+def test_keep_lp_grads_needs_gradients_wider_than_the_weights() -> None:
+    from harness.app.compose import compose
+    from harness.app.run import run as run_job
+
+    job = ["model=llm", "model.layers=2", "model.hidden=256", "model.heads=4", "model.kv_heads=4", "model.ffn_hidden=1024",
+           "model.seq_len=128", "model.vocab=1000", "model.batch_size=8", "cluster=dgx_a100", "algo=megatron", "algo.tp=2", "algo.pp=2",
+           "algo.keep_lp_grads=true", "output.gantt=false", "output.trace=false", "output.worth=false"]
+    with pytest.raises(PlanError, match="precision=amp_fp16 keeps its gradients in 2 bytes like its weights"):
+        run_job(compose([*job, "precision=amp_fp16"]))
+    row = run_job(compose([*job, "precision=amp_bf16"])).row
+    assert row["memory_breakdown"]["gradients"] > 0 and row["step_time_s"] > 0
 
 
 def test_bucketed_reduction_overlaps_the_backward() -> None:

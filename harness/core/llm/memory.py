@@ -21,7 +21,9 @@ import numpy as np
 #: et al. SC'20, Sec. 3.1: 2 + 2 + 12 = 16 bytes).  BF16 mixed precision keeps and reduces the
 #: gradients in fp32 (2 + 4 + 12 = 18 bytes): Megatron-LM turns on
 #: ``accumulate_allreduce_grads_in_fp32`` whenever ``--bf16`` is given (``megatron/training/arguments.py``),
-#: and torchtitan's FSDP2 reduces in fp32 (``mixed_precision_reduce = "float32"``).  fp32 / tf32:
+#: and torchtitan's FSDP2 reduces in fp32 (``mixed_precision_reduce = "float32"``); DeepSpeed's
+#: BF16_Optimizer keeps the 16-bit gradients as well (``algo.keep_lp_grads``: the pipeline
+#: simulator charges them on top of these; no search chooses it).  fp32 / tf32:
 #: fp32 weights and gradients, m and v; pure fp16 / bf16: everything 16-bit, no master copy.
 #: Gradients are reduced in the type they are kept in.  ``fp16_master`` (apex O2, Megatron-LM's
 #: ``--fp16``) is the FP16 mixed precision of ZeRO's count; ``amp_fp8`` keeps ``amp_bf16``'s states

@@ -197,6 +197,11 @@ class ParallelPlan:
     #: Megatron-LM's scatter/gather of pipeline sends without SP (SC'21 Sec. 4.1: each TP rank sends 1/t of the
     #: boundary activation, the next stage all-gathers it; DeepSpeed's pipeline engine alike); False: every rank sends all of it
     scatter_gather: bool = True
+    #: DeepSpeed's BF16_Optimizer under its pipeline engine (``runtime/bf16_optimizer.py``): the 16-bit
+    #: gradients stay allocated beside the unsharded wider accumulation buffer, and every micro-batch's
+    #: backward adds them into it (``update_hp_grads``); False: the 16-bit gradient is freed as it is
+    #: accumulated (Megatron-LM's main_grad)
+    keep_lp_grads: bool = False
     #: who made the plan (``algo``), for strategy.json; not part of the plan's identity
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -208,8 +213,9 @@ class ParallelPlan:
         put(self, "recompute", recompute_name(self.recompute))
         put(self, "zero", zero_stage(self.zero))
         for k in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "gather_once",
-                  "scatter_gather"):
+                  "scatter_gather", "keep_lp_grads"):
             put(self, k, boolean(getattr(self, k), f"algo.{k}", PlanError))
+        check_lp_grads_zero(self.keep_lp_grads, self.zero)
         stages = self.stages
         if isinstance(stages, np.ndarray):
             stages = stages.tolist()
@@ -604,6 +610,14 @@ def greedy_cuts(prefix: np.ndarray, limit: float) -> list[tuple[int, int]]:
     return pieces[::-1]
 
 
+def check_lp_grads_zero(keep_lp_grads: bool, zero: int) -> None:
+    """``algo.keep_lp_grads`` is DeepSpeed's BF16_Optimizer, which keeps every gradient unsharded:
+    ZeRO 0 or 1 only, else a one-line :class:`PlanError`."""
+    if keep_lp_grads and zero > 1:
+        raise PlanError(f"algo.keep_lp_grads=true is DeepSpeed's BF16_Optimizer, which keeps every gradient unsharded (ZeRO 0 "
+                        f"or 1 only); got algo.zero={zero}: set algo.zero=1 or algo.keep_lp_grads=false")
+
+
 def send_split(tp: int, sequence_parallel: bool, scatter_gather: bool = True) -> int:
     """How many pieces a pipeline send is cut into: ``tp`` under Megatron-LM's scatter/gather (no
     sequence parallelism: every TP rank holds the whole activation), else 1
@@ -617,7 +631,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
                       sequence_parallel: bool = False, zero: int = 0, stages: str | Sequence[int] | None = None,
                       overlap_grad_reduce: bool = True, overlap_param_gather: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                       reshard_after_forward: bool = True, gather_once: bool = False, scatter_gather: bool = True,
-                      weights: Sequence[float] | np.ndarray | Callable[[ParallelPlan], Sequence[float]] | None = None,
+                      keep_lp_grads: bool = False, weights: Sequence[float] | np.ndarray | Callable[[ParallelPlan], Sequence[float]] | None = None,
                       meta: dict[str, Any] | None = None) -> ParallelPlan:
     """The validated plan of the given degrees on ``num_gpus`` GPUs: ``dp`` defaults to the GPUs
     the others leave (``num_gpus / (tp * pp * cp)``), the schedule to interleaved 1F1B when
@@ -639,7 +653,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
                         sequence_parallel=sequence_parallel, zero=zero, stages=spec if isinstance(spec, tuple) else (),
                         overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather, bucket_bytes=bucket_bytes,
                         reshard_after_forward=reshard_after_forward, gather_once=gather_once, scatter_gather=scatter_gather,
-                        meta=dict(meta or {}))
+                        keep_lp_grads=keep_lp_grads, meta=dict(meta or {}))
     check_gpus(plan, num_gpus)
     check_shape(plan, graph)
     check_schedule(plan)
