@@ -69,7 +69,7 @@ from harness.core.llm.stack import StackGraph
 from simulators import engine
 from harness.core.llm.memory import STATE_BYTES, shard_groups
 from harness.core.llm.pipeline_links import stage_send_time
-from simulators.pipeline_costs import (UnitCost, check_lp_grads, comm_seconds, grad_accumulation_seconds, optimizer_seconds,
+from simulators.pipeline_costs import (UnitCost, comm_seconds, grad_accumulation_seconds, optimizer_seconds,
                                        precision_peak, static_memory, step_flops,
                                        tie_embeddings, unit_costs, wire_bytes)
 from simulators.pipeline_figures import CAT, pipeline_figures
@@ -375,7 +375,6 @@ def build_pipeline_taskgraph(graph: StackGraph, plan: ParallelPlan, cluster: Clu
         a, b = c % plan.pp, (c + 1) % plan.pp
         nb = units[plan.chunk_units(c)[-1]].boundary_bytes
         p2p.append(stage_send_time(fabric, nb, stride, a, b, plan.send_split) if a != b else 0.0)
-    check_lp_grads(plan, precision)
     static = static_memory(plan, units, stage_units, precision)
     acc = None
     if plan.keep_lp_grads:

@@ -33,7 +33,7 @@ from harness.core.fabric import Fabric, Group, collective_time, p2p_time
 from harness.core.kernels import MEM, NCOLS, KernelTable
 from harness.core.llm.flops import hardware_flops, model_flops
 from harness.core.llm.memory import STATE_BYTES, model_state_bytes, shard_groups
-from harness.core.llm.plan import ParallelPlan, PlanError
+from harness.core.llm.plan import ParallelPlan
 from harness.core.llm.stack import StackGraph
 from harness.core.llm.work import unit_times
 from harness.core.precision import Precision, math_of
@@ -146,16 +146,6 @@ def optimizer_seconds(costs: CostModel, device: int, elements: float, precision:
     reads and writes each optimizer state byte, reads the gradient and writes the weight."""
     w, g, o = STATE_BYTES[precision]
     return _memory_pass(costs, device, int(math.ceil(elements * (2 * o + g + w))))
-
-
-def check_lp_grads(plan: ParallelPlan, precision: str) -> None:
-    """``algo.keep_lp_grads`` keeps 16-bit gradients beside wider ones: a precision whose gradients
-    are kept wider than its weights (``amp_bf16``, ``amp_fp8``), else a one-line :class:`PlanError`."""
-    w, g, _ = STATE_BYTES[precision]
-    if plan.keep_lp_grads and g <= w:
-        raise PlanError(f"algo.keep_lp_grads=true keeps the 16-bit gradients beside a wider accumulation (DeepSpeed's "
-                        f"BF16_Optimizer), and precision={precision} keeps its gradients in {g} bytes like its weights: "
-                        f"use precision=amp_bf16 or algo.keep_lp_grads=false")
 
 
 def grad_accumulation_seconds(costs: CostModel, device: int, elements: float, precision: str) -> float:

@@ -42,6 +42,8 @@ this module allows where the frameworks differ:
   middle stages when ``vpp == 1``;
 * ZeRO stage 0..3; ZeRO-3 with ``pp > 1`` is allowed (torchtitan runs FSDP with PP; Megatron-LM
   does not shard parameters);
+* ``keep_lp_grads`` (DeepSpeed's BF16_Optimizer) with ZeRO 0 or 1 and a precision whose
+  gradients are kept wider than its weights (``amp_bf16``, ``amp_fp8``);
 * a CNN's stack graph (no transformer shape) takes no TP, CP or EP: its stages pipeline and its
   replicas split the batch.
 """
@@ -56,6 +58,7 @@ import numpy as np
 
 from harness.core.checks import boolean, did_you_mean, one_of, optional, positive_int
 from harness.core.errors import UserError
+from harness.core.llm.memory import STATE_BYTES
 from harness.core.llm.work import RECOMPUTE, Shard
 
 if TYPE_CHECKING:
@@ -333,6 +336,7 @@ class ParallelPlan:
         check_schedule(self)
         check_batch(self, int(graph.batch_size))
         check_interleaved_batch(self, int(graph.batch_size))
+        check_lp_grads(self, graph.precision)
         check_stages(self, graph)
 
 
@@ -618,6 +622,18 @@ def check_lp_grads_zero(keep_lp_grads: bool, zero: int) -> None:
                         f"or 1 only); got algo.zero={zero}: set algo.zero=1 or algo.keep_lp_grads=false")
 
 
+def check_lp_grads(plan: ParallelPlan, precision: str) -> None:
+    """``algo.keep_lp_grads`` keeps 16-bit gradients beside wider ones: a precision whose gradients
+    are kept wider than its weights (``amp_bf16``, ``amp_fp8``; :data:`~harness.core.llm.memory.STATE_BYTES`)."""
+    if not plan.keep_lp_grads:
+        return
+    w, g, _ = STATE_BYTES[precision]
+    if g <= w:
+        raise PlanError(f"algo.keep_lp_grads=true keeps the 16-bit gradients beside a wider accumulation (DeepSpeed's "
+                        f"BF16_Optimizer), and precision={precision} keeps its gradients in {g} bytes like its weights: "
+                        f"use precision=amp_bf16 or algo.keep_lp_grads=false")
+
+
 def send_split(tp: int, sequence_parallel: bool, scatter_gather: bool = True) -> int:
     """How many pieces a pipeline send is cut into: ``tp`` under Megatron-LM's scatter/gather (no
     sequence parallelism: every TP rank holds the whole activation), else 1
@@ -659,6 +675,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
     check_schedule(plan)
     check_batch(plan, int(graph.batch_size))
     check_interleaved_batch(plan, int(graph.batch_size))
+    check_lp_grads(plan, graph.precision)
     if not isinstance(spec, tuple):
         if spec == BALANCED:
             w = [u.flops_fwd for u in graph.units] if weights is None else weights(plan) if callable(weights) else weights
