@@ -148,8 +148,88 @@ def group_lines(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def memory_floor_lines(df: pd.DataFrame, repeats: Sequence[tuple[str, str]]) -> list[str]:
+    """What the sweep's repeated configurations say of its memory figures' own noise: the largest
+    relative difference between two nvidia-smi readings of one configuration."""
+    by = df.set_index("row_id")
+    moves = []
+    for a, b in repeats:
+        ma, mb = float(by.loc[a, "published_mem_gib"]), float(by.loc[b, "published_mem_gib"])
+        if ma > 0 and mb > 0:
+            moves.append((abs(ma - mb) / ((ma + mb) / 2), a, b, ma, mb))
+    if not moves:
+        return []
+    move, a, b, ma, mb = max(moves)
+    return [f"Two runs of one configuration ({a} / {b}) published {ma:.0f} and {mb:.0f} GB: the sweep's nvidia-smi figure moved "
+            f"by {_pct(move)} on its own, {'above' if move > 0.10 else 'below'} the 10 % goal"
+            + (", which for the BLOOM rows sits below the data's own floor." if move > 0.10 else "."), ""]
+
+
+def micro_batch_lines(mbs: pd.DataFrame) -> list[str]:
+    """The README's section on BLOOM's micro-batch pairs (:func:`experiments._llm_tables.micro_batch_table`)."""
+    ok = mbs.dropna(subset=["published_speedup", "simulated_speedup"]) if len(mbs) else mbs
+    if not len(ok):
+        return []
+    n = len(ok)
+    pub_faster, sim_faster = int((ok["published_speedup"] > 1).sum()), int((ok["simulated_speedup"] > 1).sum())
+    gap = ok["published_speedup"] / ok["simulated_speedup"] - 1
+    under = int((gap > 0).sum())
+    lines = [
+        "## BLOOM's micro-batch pairs",
+        "",
+        "The sweep measured most topologies at two micro-batches (the same GPUs, batch and model).  A larger micro-batch",
+        "means fewer, larger micro-batches: more pipeline bubble ((p - 1) / m), larger GEMMs, and fewer of whatever a",
+        "micro-batch costs whatever its size.  Speedup: the smaller micro-batch's time over the larger's (above 1: the larger",
+        "is faster).",
+        "",
+        frame_markdown(ok, list(ok.columns), {"published_speedup": "{:.3f}", "simulated_speedup": "{:.3f}"}),
+        "",
+        f"The larger micro-batch is faster in {pub_faster} of {n} published pairs and {sim_faster} of {n} simulated; the published "
+        f"speedup is above the simulated in {under} of {n} (median {100 * float(gap.median()):+.1f} %)"
+        + (": the runs gained more from fewer, larger micro-batches than the simulation does.  Either they paid, per "
+           "micro-batch, a cost the simulation does not have (time between a stage's kernels, sends and receives that grows "
+           "with the number of micro-batches, not their size), or their GEMMs gained more from the larger micro-batch than "
+           "the kernel fit says." if under >= 0.75 * n else "."),
+        "",
+    ]
+    return lines
+
+
+def single_node_lines(single: pd.DataFrame, df: pd.DataFrame) -> list[str]:
+    """The README's section on BigScience's one-node runs (``bloom_single_node.csv``): their ratios
+    beside the sweep's, TP 8 against TP 8, to say whether the sweep's miss lies in the node or in the
+    network between the nodes."""
+    one = single[(single["status"] == "simulated") & (single["ratio"] > 0)]
+    sweep = df[(df["group"] == SWEEP) & (df["ratio"] > 0) & df["plan"].str.startswith("TP8 ")]
+    if not len(one) or not len(sweep):
+        return []
+    x, y = float(one["ratio"].median()), float(sweep["ratio"].median())
+    where = ("as large as" if abs(x - y) <= 0.05 else "larger than" if x < y else "smaller than")
+    lines = [
+        "## BLOOM on one node",
+        "",
+        "BigScience measured the best one Jean Zay node does at BLOOM's width (`harness/data/llm/bloom_single_node.csv`, from the",
+        "same chronicle; not in the shared data set, outside the verdict's figures): TP 8 on 8 A100s, no pipeline, no data",
+        "parallelism, so no Omni-Path.",
+        "",
+        frame_markdown(one, ["row_id", "plan", "batch_seqs", "published_time_s", "simulated_time_s", "ratio", "published_mem_gib",
+                             "simulated_mem_gib"],
+                       {"published_time_s": "{:.1f}", "simulated_time_s": "{:.1f}", "ratio": "{:.2f}", "published_mem_gib": "{:.0f}",
+                        "simulated_mem_gib": "{:.1f}"}),
+        "",
+        f"Median simulated / published time {x:.2f} on one node against {y:.2f} over the sweep's {len(sweep)} TP 8 rows on 48 "
+        f"nodes: the miss without a network is {where} with it"
+        + (", so it lies in the node's own step (its kernels, TP's all-reduces over NVLink, the framework's time between them),"
+           " not in the network between the nodes." if where != "smaller than" else
+           ", so part of the sweep's miss lies in the network between the nodes."),
+        "",
+    ]
+    return lines
+
+
 def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.DataFrame, spread: pd.DataFrame, eta: float, *,
-                 quick: bool, minutes: float, extra: Sequence[str] = (), compiles: pd.DataFrame | None = None) -> None:
+                 quick: bool, minutes: float, extra: Sequence[str] = (), compiles: pd.DataFrame | None = None,
+                 single: pd.DataFrame | None = None, mbs: pd.DataFrame | None = None) -> None:
     """``out/README.md``: the verdict, where the simulation is right and where not and why, the BLOOM
     sweep, memory, the schedule pairs, the formula baseline, the floor and every row."""
     sim = df[(df["status"] == "simulated") & (df["ratio"] > 0)]
@@ -218,15 +298,23 @@ def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.D
             {"published_time_s": "{:.1f}", "simulated_time_s": "{:.1f}", "ratio": "{:.2f}", "published_mem_gib": "{:.0f}",
              "simulated_mem_gib": "{:.1f}"}),
         "",
+        *(micro_batch_lines(mbs) if mbs is not None else []),
+        *(single_node_lines(single, df) if single is not None and len(single) else []),
         "## Memory per GPU",
         "",
         "torchtitan's figures are the allocator's peak reserved bytes (`torch.cuda.memory_stats`, reserved_bytes.all.peak: the",
         "caching allocator's pool, above the tensors it holds); BLOOM's were read off nvidia-smi (MiB, taken as GiB), which adds",
-        "the CUDA context.  The simulation counts the tensors (weights, gradients, optimizer states, activations, buffers).",
+        "what the CUDA context and NCCL hold.  The simulation counts the tensors (weights, gradients, optimizer states,",
+        "activations, buffers: `simulated_tensor_gib`); beside an nvidia-smi figure it adds the cluster's `runtime_GiB`",
+        "(`runtime_gib`; Jean Zay's: the CUDA kernels BigScience measured on its A100s and NCCL's set-up, conf/cluster/jean_zay_a100.yaml),",
+        "which every job's out-of-memory verdict counts too.",
         "",
-        frame_markdown(df[df["mem_ratio"] > 0], ["row_id", "plan", "published_mem_gib", "simulated_mem_gib", "mem_ratio"],
-            {"published_mem_gib": "{:.1f}", "simulated_mem_gib": "{:.1f}", "mem_ratio": "{:.2f}"}),
+        frame_markdown(df[df["mem_ratio"] > 0], ["row_id", "plan", "published_mem_gib", "simulated_tensor_gib", "runtime_gib",
+                                                 "simulated_mem_gib", "mem_ratio"],
+            {"published_mem_gib": "{:.1f}", "simulated_tensor_gib": "{:.1f}", "runtime_gib": "{:.2f}", "simulated_mem_gib": "{:.1f}",
+             "mem_ratio": "{:.2f}"}),
         "",
+        *memory_floor_lines(df, repeats),
         "## torchtitan's 1F1B against interleaved 1F1B",
         "",
         (frame_markdown(pairs, list(pairs.columns), {c: "{:.2f}" for c in pairs.columns if c.endswith("speedup")}) if len(pairs)

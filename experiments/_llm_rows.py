@@ -26,6 +26,8 @@ from harness.core.precision import PRECISIONS
 
 #: the published rows (a copy of the project's shared data, harness/data/llm/README.md)
 PUBLISHED = Path(__file__).resolve().parents[1] / "harness" / "data" / "llm" / "published_llm_training.csv"
+#: BigScience's one-node runs at BLOOM's width (not in the shared data set; harness/data/llm/README.md)
+SINGLE_NODE = PUBLISHED.parent / "bloom_single_node.csv"
 
 #: what a row publishes, in the order a comparison prefers them: the iteration time when given, else
 #: tokens/s per GPU, else a FLOP rate in the row's own convention (TFLOP/s per GPU, MFU, HFU)
@@ -97,6 +99,8 @@ class RowJob:
     notes: str = ""
     #: ``model.kernels`` of its job (fused, eager, compiled or compiled_blocks)
     kernels: str = "fused"
+    #: whether ``mem_gib`` counts the CUDA context and NCCL (nvidia-smi's figure: :func:`counts_runtime`)
+    mem_smi: bool = False
 
     @property
     def expressed(self) -> bool:
@@ -134,6 +138,13 @@ def memory_gib(cell: str) -> tuple[float | None, bool]:
         return None, True
     m = re.match(r"\s*([\d.]+)\s*Gi?B", cell or "")
     return (float(m.group(1)) if m else None), False
+
+
+def counts_runtime(cell: str) -> bool:
+    """Whether a published memory figure counts what the CUDA context and NCCL hold beside the
+    tensors: nvidia-smi's (BLOOM's ``GB``) does, and so does an out-of-memory (the whole device ran
+    out); torch's allocator figures (``GiB``) do not."""
+    return bool(re.match(r"\s*[\d.]+\s*GB", cell or "")) or (cell or "").strip().upper() == "OOM"
 
 
 def published_figure(row: Mapping[str, str]) -> Published | None:
@@ -325,11 +336,14 @@ def _bloom(row: Mapping[str, str]) -> _Draft:
         d.algo.append(f"algo.stages=[{','.join([str((layers + 2) // d.pp)] * d.pp)}]")
         d.notes.append("--pp-partition-method 'type:transformer|embedding': the embedding and the tied head take a block's slot each")
     d.notes.append("DeepSpeed's pipeline engine reduces the gradients and gathers the ZeRO-1 shards after the backward, not overlapped")
+    d.notes.append("CUDA_LAUNCH_BLOCKING=1 (tr11-176B-ml.slurm, against hangs) is simulated as asynchronous launches: BigScience "
+                   "measured 6 % from it on 80 GPUs and none on 160 (chronicles-prequel)")
     if precision == "amp_bf16":
         d.algo.append("algo.keep_lp_grads=true")
         d.notes.append("DeepSpeed's BF16_Optimizer keeps the BF16 gradients beside its unsharded FP32 accumulation and adds each "
                        "micro-batch's into it (runtime/bf16_optimizer.py, pipe/engine.py; the chronicle: 'additional memory usage "
-                       "is 4bytes x params and it's not sharded'): algo.keep_lp_grads=true")
+                       "is 4bytes x params and it's not sharded'), and all-reduces the FP32 gradients in BF16 before each rank "
+                       "steps its shard (pipe/engine.py _bf16_reduce_grads, engine.py allreduce_bucket): algo.keep_lp_grads=true")
     d.notes.append(f"vocabulary: BLOOM's tokenizer, 250,680, padded to a multiple of 128 x TP = {padded_vocab(250680, d.tp)} as "
                    "Megatron-DeepSpeed pads it (the production run: --pad-vocab-size-to 250880)")
     if zero == 0 or row["row_id"].startswith("BLOOM-ZS"):
@@ -362,7 +376,7 @@ def _mosaic(row: Mapping[str, str]) -> _Draft:
 #: each group's builder
 GROUPS: dict[str, Callable[[Mapping[str, str]], _Draft]] = {
     "megatron_sc21_table1": _megatron_sc21, "korthikanti_mlsys23": _korthikanti, "torchtitan": _torchtitan,
-    "bloom_176b": _bloom, "bloom_176b_topology_sweep": _bloom, "mosaic_llm_foundry_fsdp": _mosaic,
+    "bloom_176b": _bloom, "bloom_176b_topology_sweep": _bloom, "bloom_176b_single_node": _bloom, "mosaic_llm_foundry_fsdp": _mosaic,
 }
 
 
@@ -393,7 +407,7 @@ def row_job(row: Mapping[str, str]) -> RowJob:
                  f"cluster={d.cluster}", f"cluster.nodes={max(gpus // 8, 1)}", *d.algo, f"precision={d.precision}", *QUIET)
     return RowJob(row["row_id"], row["group"], row["model"], overrides, reason, tuple(d.notes), gpus, d.batch, d.seq_len,
                   d.precision, d.recompute, d.pp, d.vpp, d.micro_batch, d.dp, d.schedule, published_figure(row), mem, oom,
-                  row.get("notes", ""), d.kernels)
+                  row.get("notes", ""), d.kernels, counts_runtime(row["mem_gb"]))
 
 
 def _pairs(jobs: list[RowJob], first: Callable[[RowJob], bool], second: Callable[[RowJob], bool],
@@ -408,6 +422,21 @@ def schedule_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
     return _pairs(jobs, lambda j: j.pp > 1 and j.schedule == "1f1b" and j.group == "torchtitan",
                   lambda j: j.pp > 1 and j.schedule == "interleaved",
                   lambda j: (j.group, j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp))
+
+
+def algo_value(job: RowJob, key: str) -> str:
+    """The value a row's job gives ``algo.<key>`` ("" where it gives none)."""
+    return next((o.split("=", 1)[1] for o in job.overrides if o.startswith(f"algo.{key}=")), "")
+
+
+def micro_batch_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
+    """Pairs of BLOOM rows that differ only in their micro-batch (the sweep measured most of its
+    topologies at two): (smaller micro-batch row, larger)."""
+    def key(j: RowJob) -> tuple[object, ...]:
+        return (j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp, j.schedule, algo_value(j, "tp"),
+                algo_value(j, "zero"), algo_value(j, "stages"))
+    bloom = [j for j in jobs if j.group.startswith("bloom") and j.expressed]
+    return [(a, b) for a, b in _pairs(bloom, lambda j: True, lambda j: True, key) if a.micro_batch < b.micro_batch]
 
 
 def compile_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._llm_figures import error_summary, figure_of_time, fit_efficiency, kendall_tau_b, noise_tau, repeat_sigma
-from experiments._llm_rows import RowJob, compile_pairs, schedule_pairs
+from experiments._llm_rows import RowJob, compile_pairs, micro_batch_pairs, schedule_pairs
 
 #: the 16-bit precisions the formula baseline's one peak describes
 SIXTEEN_BIT = ("amp_fp16", "amp_bf16")
@@ -42,7 +42,8 @@ def row_table(jobs: Sequence[RowJob], sims: Sequence[dict[str, Any]]) -> pd.Data
         if pub is not None and math.isfinite(t_sim):
             sim_fig = figure_of_time(pub.kind, t_sim, gpus=job.gpus, batch=job.batch, seq_len=job.seq_len,
                                      flops=s.get("figure_flops", math.nan), peak=s.get("peak16", math.nan))
-        mem_sim = s.get("simulated_mem_gib", math.nan)
+        tensors, runtime = s.get("simulated_mem_gib", math.nan), s.get("runtime_gib", 0.0)
+        mem_sim = tensors + runtime if job.mem_smi else tensors  # as the published figure counts it
         out.append({
             "row_id": job.row_id, "group": job.group, "model": job.model, "gpus": job.gpus, "precision": job.precision,
             "plan": plan_label(job, job.overrides), "batch_seqs": job.batch, "seq_len": job.seq_len,
@@ -50,6 +51,7 @@ def row_table(jobs: Sequence[RowJob], sims: Sequence[dict[str, Any]]) -> pd.Data
             "convention": s.get("convention", ""), "convention_flops": s.get("convention_flops", math.nan), "published_time_s": t_pub,
             "simulated": sim_fig, "simulated_time_s": t_sim, "ratio": t_sim / t_pub if t_pub > 0 else math.nan,
             "published_mem_gib": job.mem_gib if job.mem_gib is not None else math.nan, "simulated_mem_gib": mem_sim,
+            "simulated_tensor_gib": tensors, "runtime_gib": runtime,
             "mem_ratio": mem_sim / job.mem_gib if job.mem_gib else math.nan,
             "published_oom": job.published_oom, "simulated_oom": s.get("simulated_oom", math.nan),
             "bubble": s.get("bubble", math.nan), "comm_exposed_s": s.get("comm_exposed_s", math.nan),
@@ -138,6 +140,24 @@ def compile_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
             ok = math.isfinite(ta) and math.isfinite(tb) and tb > 0
             rec[f"{name}_saved_s"] = ta - tb if ok else math.nan
             rec[f"{name}_speedup"] = ta / tb if ok else math.nan
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def micro_batch_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
+    """BLOOM's micro-batch pairs (:func:`experiments._llm_rows.micro_batch_pairs`): the smaller
+    micro-batch's time over the larger's, published and simulated (above 1: the larger is faster)."""
+    by = df.set_index("row_id")
+    rows = []
+    for a, b in micro_batch_pairs(list(jobs)):
+        if a.row_id not in by.index or b.row_id not in by.index:
+            continue
+        ra, rb = by.loc[a.row_id], by.loc[b.row_id]
+        rec: dict[str, Any] = {"smaller": a.row_id, "larger": b.row_id, "plan": str(ra["plan"]).replace(f" mb{a.micro_batch} ", " "),
+                               "micro_batches": f"{a.micro_batch} -> {b.micro_batch}"}
+        for name in ("published", "simulated"):
+            ta, tb = float(ra[f"{name}_time_s"]), float(rb[f"{name}_time_s"])
+            rec[f"{name}_speedup"] = ta / tb if math.isfinite(ta) and math.isfinite(tb) and tb > 0 else math.nan
         rows.append(rec)
     return pd.DataFrame(rows)
 

@@ -36,8 +36,8 @@ from tqdm import tqdm
 from experiments._llm_in_situ import held_out_factors, in_situ_columns, rerun_rows
 from experiments._llm_figures import convention_flops, convention_key, figure_flops, formula_ideal, time_of_figure
 from experiments._llm_report import plot, write_readme
-from experiments._llm_rows import RowJob, load_rows, row_job
-from experiments._llm_tables import add_formula, compile_table, pair_table, row_table, summary_table
+from experiments._llm_rows import SINGLE_NODE, RowJob, load_rows, row_job
+from experiments._llm_tables import add_formula, compile_table, micro_batch_table, pair_table, row_table, summary_table
 from experiments.common import experiment_args, output_dir, print_table
 from experiments.gpu_accuracy import write_csv
 from harness.app.compose import compose
@@ -84,7 +84,8 @@ def simulate(job: RowJob, extra: Sequence[str] = ()) -> dict[str, Any]:
     kernels = (r.get("costs_report") or {}).get("devices") or {}
     fabric = r.get("fabric_report") or {}
     rec.update(status="simulated", simulated_time_s=float(r["step_time_s"]), simulated_oom=bool(r["oom"]),
-               simulated_mem_gib=float(r["peak_memory_max_bytes"]) / 2**30, bubble=float(r.get("bubble_fraction", math.nan)),
+               simulated_mem_gib=float(r["peak_memory_max_bytes"]) / 2**30,
+               runtime_gib=float(r.get("mem_runtime_bytes") or 0) / 2**30, bubble=float(r.get("bubble_fraction", math.nan)),
                comm_exposed_s=float(sum((r.get("comm_exposed_s") or {}).values())), seconds=time.perf_counter() - t0,
                kernel_fit=" || ".join(f"{k}: {v}" for k, v in sorted(kernels.items())),
                fabric_fit=" || ".join(f"{k}: {v.get('source')}" for k, v in fabric.items() if isinstance(v, dict) and "source" in v))
@@ -133,14 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [s for s in (a.fit_seeds if a.fit_seeds is not None else ([] if a.quick else [1, 2, 3, 4])) if s != 0]
     if any(s < 0 for s in seeds):
         ap.error(f"--fit-seeds takes seeds >= 0 (numpy's generator refuses a negative one), got {min(seeds)}")
-    rows = load_rows()
+    rows, one_node = load_rows(), load_rows(SINGLE_NODE)
     wanted = a.rows or (list(QUICK_ROWS) if a.quick else None)
     if wanted:
-        known = {r["row_id"] for r in rows}
+        known = {r["row_id"] for r in (*rows, *one_node)}
         unknown = [w for w in wanted if w not in known]
         if unknown:
-            ap.error(f"unknown published row {unknown[0]!r}: the ids are the row_id column of harness/data/llm/published_llm_training.csv")
+            ap.error(f"unknown published row {unknown[0]!r}: the ids are the row_id column of harness/data/llm/published_llm_training.csv "
+                     "and bloom_single_node.csv")
         rows = [r for r in rows if r["row_id"] in set(wanted)]
+        one_node = [r for r in one_node if r["row_id"] in set(wanted)]
     out = output_dir(a)
     t0 = time.perf_counter()
     jobs = [row_job(r) for r in rows]
@@ -154,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         df = in_situ_columns(df, rerun_rows(df, jobs, factors, simulate, a.override), factors)
     pairs = pair_table(df, jobs)
     compiles = compile_table(df, jobs)
+    mbs = micro_batch_table(df, jobs)
     summary = summary_table(df, pairs, compiles)
     spread = fit_spread(jobs, df, seeds, a.override) if seeds else pd.DataFrame()
+    node_jobs = [row_job(r) for r in one_node]
+    single = row_table(node_jobs, run_rows(node_jobs, a.override)) if node_jobs else pd.DataFrame()
     write_csv(df, out / "rows.csv")
     write_csv(summary, out / "summary.csv")
     if len(pairs):
@@ -164,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(compiles, out / "compile_pairs.csv")
     if len(spread):
         write_csv(spread, out / "fit_spread.csv")
+    if len(single):
+        write_csv(single, out / "single_node.csv")
+    if len(mbs):
+        write_csv(mbs, out / "micro_batch_pairs.csv")
     plot(df, out / "predicted_vs_published.png")
-    write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, quick=a.quick, minutes=(time.perf_counter() - t0) / 60, extra=a.override)
+    write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, single=single, mbs=mbs, quick=a.quick, minutes=(time.perf_counter() - t0) / 60, extra=a.override)
     print_table(df.to_dict("records"), ["row_id", "published_kind", "published", "simulated", "ratio", "formula_ratio", "status"],
                 title="simulated / published (ratio: of iteration times)")
     print_table(summary.to_dict("records"), ["figure", "scope", "simulation", "formula", "in_situ", "goal", "verdict"], title="summary")

@@ -26,7 +26,8 @@ Per stage, in :func:`harness.core.llm.schedules.stage_order`'s order, per op and
   rank layout); asynchronous (the sender does not wait);
 * **DP / ZeRO** (COLLECTIVE tasks on one ``dp`` link per stage, first come first served):
   gradient buckets (``algo.bucket_bytes`` of gradients, filled in backward order per chunk, as
-  Megatron's DDP buffer) all-reduced (``zero`` 0) or reduce-scattered (1, 2) once each bucket's
+  Megatron's DDP buffer) all-reduced (``zero`` 0, and DeepSpeed's BF16_Optimizer,
+  ``keep_lp_grads``: in 16 bits, its wire type) or reduce-scattered (1, 2) once each bucket's
   last backward of the last micro-batch has run (``overlap_grad_reduce``; else all after the
   stage's last backward); ZeRO-1/2's all-gather of the updated parameters per bucket: with
   ``overlap_param_gather`` at the start of the step, each bucket's first forward waiting for it
@@ -263,11 +264,15 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
                 if cur:
                     buckets.append(cur)
         stage_end = prio[-1]
-        op_name = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+        # DeepSpeed's BF16_Optimizer all-reduces its FP32 gradients, then each rank steps its shard
+        # (pipe/engine.py _bf16_reduce_grads: buffered_allreduce_fallback of get_grads_for_reduction),
+        # cast for the wire to the engine's communication_data_type, BF16 (engine.py allreduce_bucket)
+        op_name = "all_reduce" if plan.zero == 0 or plan.keep_lp_grads else "reduce_scatter"
+        red_b = w_b if plan.keep_lp_grads else g_b
         reduce_ops = list(last_rs)
         for k, b in enumerate(buckets):
             deps = [grad_done[u] for u in b] if plan.overlap_grad_reduce else [stage_end]
-            reduce_ops += param_colls(s, op_name, split_params(b), g_b, f"dp {op_name} bucket {k}", BACKWARD, deps)
+            reduce_ops += param_colls(s, op_name, split_params(b), red_b, f"dp {op_name} bucket {k}", BACKWARD, deps)
         if embedding_sync and embedding_sync.get(s, 0) > 0:  # Megatron's embedding-group all-reduce of the tied gradient
             reduce_ops.append(dp_coll(s, "all_reduce", embedding_sync[s], g_b, "emb", "all_reduce tied embedding", BACKWARD, [stage_end]))
         chained[0] = stage_end

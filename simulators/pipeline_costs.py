@@ -15,8 +15,8 @@ ZeRO-3's gathered parameters (the unit in use and the prefetched one, or all the
 parameters stay gathered from forward to backward) and one unit's unsharded gradient (``gather_once``:
 all the stage's weights and unsharded gradients), ZeRO-2's
 one bucket of unsharded gradients.  ``algo.keep_lp_grads`` (DeepSpeed's BF16_Optimizer): the
-16-bit gradients besides, unsharded, all step.  Not modelled: NCCL's own buffers, the allocator's
-fragmentation, CUDA context (about 0.5-1 GB a GPU in practice).
+16-bit gradients besides, unsharded, all step.  Not here: what the CUDA context and NCCL hold (the
+cluster's ``runtime_GiB``, off the device's capacity), the allocator's fragmentation.
 """
 
 from __future__ import annotations

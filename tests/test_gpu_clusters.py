@@ -236,3 +236,42 @@ def test_bad_specs(intra, match):
     with pytest.raises(ClusterError, match=match) as e:
         build_cluster("x", DEVICE, gpus=4, intra=intra)
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------- runtime memory
+def test_runtime_memory_comes_off_what_the_tensors_may_take() -> None:
+    """``cluster.runtime_GiB`` (what the CUDA context and NCCL hold) lowers every device's
+    capacity by exactly that much and is kept beside it; 0 by default."""
+    bare = build_cluster("x", DEVICE, gpus=2)
+    held = build_cluster("x", DEVICE, gpus=2, runtime_GiB=1.5)
+    assert bare.devices[0].spec.runtime_bytes == 0 and bare.mem_capacity[0] == 16 * 2**30
+    assert held.devices[1].spec.runtime_bytes == int(1.5 * 2**30)
+    assert (held.mem_capacity == 16 * 2**30 - int(1.5 * 2**30)).all()
+
+
+@pytest.mark.parametrize("name, gib", [("jean_zay_a100", 2.99), ("superpod_a100", 2.0), ("superpod_h100", 2.0),
+                                       ("torchtitan_h100", 2.0), ("dgx_h100", 2.0), ("p100x8", 0.0)])
+def test_presets_hold_their_sourced_runtime_memory(name: str, gib: float) -> None:
+    cl = cluster("model=lenet5", f"cluster={name}")
+    assert cl.devices[0].spec.runtime_bytes == int(gib * 2**30)
+
+
+def test_a_plan_that_fits_the_datasheet_but_not_beside_the_runtime_is_oom(tmp_path: Path) -> None:
+    """The OOM verdict counts the runtime: a BLOOM stage of 78.6 GiB of tensors (TP2 PP6, mb2:
+    the sweep's OOM row) fits 80 GiB alone and not beside Jean Zay's 2.99 GiB; result.json says
+    what the runtime held."""
+    from harness.app.run import run
+
+    base = ["model=bloom_176b", "model.layers=72", "model.heads=64", "model.kv_heads=64", "cluster=jean_zay_a100",
+            "algo=megatron", "algo.tp=2", "algo.pp=6", "algo.dp=32", "algo.micro_batch=2", "algo.recompute=full", "algo.zero=1",
+            "algo.overlap_grad_reduce=false", "algo.overlap_param_gather=false", "precision=amp_fp16", "output.gantt=false",
+            "output.trace=false", "output.worth=false"]
+    rows = {}
+    for gib in (0, 2.99):
+        rows[gib] = run(compose([*base, f"cluster.runtime_GiB={gib}", f"hydra.run.dir={tmp_path / str(gib)}"])).row
+    peak = rows[0]["peak_memory_max_bytes"]
+    assert peak == rows[2.99]["peak_memory_max_bytes"]
+    assert peak < 80 * 2**30 < peak + int(2.99 * 2**30)
+    assert not rows[0]["oom"] and rows[2.99]["oom"]
+    assert rows[0]["mem_runtime_bytes"] == 0 and rows[2.99]["mem_runtime_bytes"] == int(2.99 * 2**30)
+

@@ -178,6 +178,11 @@ def test_synthetic_graph_figures(key: str, value: Any, fragment: str) -> None:
     ({"host_comm": {"copy_GBps": 1, "recv_when": "sometimes"}}, "cluster.host_comm.recv_when must be 'always' or 'busy'"),
     ({"host_comm": {"per_message_us": 5}}, "cluster.host_comm.copy_GBps is missing"),
     ({"colective": {"lat_us": 1, "bw_GBps": 1}}, "cluster.colective is not a cluster key"),
+    ({"runtime_GiB": -1}, "cluster.runtime_GiB must be >= 0, got -1"),
+    ({"runtime_GiB": math.inf}, "cluster.runtime_GiB must be a finite number"),
+    ({"runtime_GiB": "lots"}, "cluster.runtime_GiB must be a finite number"),
+    ({"runtime_GiB": 16}, "cluster.runtime_GiB = 16 leaves none of the TestGPU's 16 GiB to the framework's tensors"),
+    ({"runtime_gib": 2}, "cluster.runtime_gib is not a cluster key: did you mean cluster.runtime_GiB?"),
 ])
 def test_cluster_figures_name_their_key(kw: dict[str, Any], fragment: str) -> None:
     args = {"gpus": 2, "intra": INTRA, **kw}
@@ -204,6 +209,7 @@ def test_cluster_keys_through_the_config() -> None:
             "cluster.device.peak_tflops.float32 must be > 0")
     refused(lambda: built("model=lenet5", "cluster=p100x16_4nodes", "cluster.inter.bw_gbps=0"), "cluster.inter.bw_gbps must be > 0")
     refused(lambda: built("model=lenet5", "cluster=cpu2", "cluster.collective.lat_us=-1"), "cluster.collective.lat_us must be >= 0")
+    refused(lambda: built("model=gpt_1p7b", "cluster=superpod_a100", "cluster.runtime_GiB=-2"), "cluster.runtime_GiB must be >= 0")
 
 
 @settings(max_examples=60, deadline=None)

@@ -15,9 +15,9 @@ from experiments._llm_figures import (
     bubble_factor, convention_flops, error_summary, figure_of_time, fit_efficiency, kendall_tau_b, noise_tau, repeat_sigma,
     time_of_figure,
 )
-from experiments._llm_tables import compile_table
+from experiments._llm_tables import compile_table, row_table
 from experiments._llm_rows import (
-    PUBLISHED, compile_pairs, load_rows, memory_gib, precision_of, published_figure, row_job, schedule_pairs, torchtitan_stages,
+    PUBLISHED, SINGLE_NODE, algo_value, compile_pairs, counts_runtime, micro_batch_pairs, load_rows, memory_gib, precision_of, published_figure, row_job, schedule_pairs, torchtitan_stages,
 )
 from harness.app.compose import CONF, compose
 from harness.core.llm.source import LLMModel
@@ -79,6 +79,9 @@ def test_what_a_row_publishes_and_its_precision():
     assert memory_gib("82.5 GiB (max over PP ranks)") == (82.5, False)
     assert memory_gib("OOM") == (None, True)
     assert memory_gib("") == (None, False)
+    # nvidia-smi's figures (and an OOM, the whole device's) count the CUDA context and NCCL; torch's do not
+    assert counts_runtime("56GB") and counts_runtime("OOM")
+    assert not counts_runtime("82.5 GiB (max over PP ranks)") and not counts_runtime("")
     # the iteration time wins over a rate; a percentage is a fraction
     pub = published_figure({"iter_time_s": "104.7", "tokens_per_s_per_gpu": "104.3", "mfu_pct": ""})
     assert (pub.kind, pub.value) == ("iter_time", 104.7)
@@ -220,3 +223,73 @@ def test_torchtitans_compile_pairs_and_their_kernel_styles():
     table = compile_table(df, [j for j in JOBS if j.row_id in set(df["row_id"])])
     assert list(table["eager"]) == ["TT-T1-1"] and table["published_saved_s"].iloc[0] == pytest.approx(0.5)
     assert table["simulated_speedup"].iloc[0] == pytest.approx(2.0 / 1.6)
+
+
+def test_an_nvidia_smi_figure_is_compared_with_the_tensors_and_the_runtime():
+    """BLOOM's memory (nvidia-smi) is compared with the simulated tensors plus the cluster's
+    runtime memory; torchtitan's (the allocator's) with the tensors alone."""
+    bloom = next(j for j in JOBS if j.group.startswith("bloom") and j.mem_gib)
+    titan = next(j for j in JOBS if j.group == "torchtitan" and j.mem_gib)
+    assert bloom.mem_smi and not titan.mem_smi
+    sim = {"status": "simulated", "simulated_time_s": 1.0, "simulated_mem_gib": 40.0, "runtime_gib": 3.0}
+    df = row_table([bloom, titan], [sim, sim]).set_index("row_id")
+    assert df.loc[bloom.row_id, "simulated_mem_gib"] == 43.0 and df.loc[titan.row_id, "simulated_mem_gib"] == 40.0
+    assert df.loc[bloom.row_id, "mem_ratio"] == pytest.approx(43.0 / bloom.mem_gib)
+    assert (df["simulated_tensor_gib"] == 40.0).all() and (df["runtime_gib"] == 3.0).all()
+
+
+def test_bigscience_one_node_rows_run_as_their_sweep_does():
+    """The one-node rows (``bloom_single_node.csv``) build as BLOOM's jobs on one Jean Zay node: TP 8,
+    no pipeline, no data parallelism, the batch the table's TFLOP/s match, nvidia-smi memory."""
+    jobs = [row_job(r) for r in load_rows(SINGLE_NODE)]
+    assert len(jobs) == 3 and all(j.expressed and j.gpus == 8 and j.batch == 512 and j.mem_smi for j in jobs)
+    for j in jobs:
+        cfg = compose(list(j.overrides))
+        assert (int(cfg.cluster.nodes), int(cfg.algo.tp), int(cfg.algo.pp), int(cfg.algo.dp)) == (1, 8, 1, 1)
+        assert str(cfg.precision) == "amp_fp16" and int(cfg.model.hidden) == 14336
+
+
+@pytest.mark.parametrize("one, sweep, says", [(0.70, 0.72, "as large as with it"), (0.60, 0.72, "larger than with it"),
+                                              (0.90, 0.72, "part of the sweep's miss lies in the network")])
+def test_the_one_node_section_says_where_the_miss_lies(one, sweep, says):
+    from experiments._llm_report import single_node_lines
+
+    single = pd.DataFrame({"row_id": ["A", "B"], "status": "simulated", "ratio": [one, one], "plan": "TP8 PP1 DP1 CP1 1f1b mb2 full ZeRO-1",
+                           "batch_seqs": 512, "published_time_s": 1.0, "simulated_time_s": one, "published_mem_gib": 50.0,
+                           "simulated_mem_gib": 40.0})
+    df = pd.DataFrame({"group": "bloom_176b_topology_sweep", "ratio": [sweep, sweep, 0.9], "plan": ["TP8 PP12", "TP8 PP6", "TP4 PP12"]})
+    text = " ".join(single_node_lines(single, df))
+    assert says in text and f"{one:.2f} on one node against {sweep:.2f} over the sweep's 2 TP 8 rows" in text
+
+
+def test_micro_batch_pairs_differ_in_their_micro_batch_alone():
+    pairs = micro_batch_pairs(JOBS)
+    ids = {(a.row_id, b.row_id) for a, b in pairs}
+    assert ("BLOOM-SWEEP-7", "BLOOM-SWEEP-5") in ids and ("BLOOM-SWEEP-15", "BLOOM-SWEEP-14") in ids
+    for a, b in pairs:
+        assert a.micro_batch < b.micro_batch and a.group.startswith("bloom") and b.group.startswith("bloom")
+        assert (a.model, a.batch, a.precision, a.pp, a.dp) == (b.model, b.batch, b.precision, b.pp, b.dp)
+        assert all(algo_value(a, k) == algo_value(b, k) for k in ("tp", "zero", "stages"))
+    assert not any("BLOOM-ZS-2" in pair for pair in ids)  # ZeRO-0 pairs with no ZeRO-1 row
+
+
+@pytest.mark.parametrize("pub, says", [(1.08, True), (0.97, False)])
+def test_the_micro_batch_section_names_a_per_micro_batch_cost_only_when_the_runs_show_one(pub, says):
+    from experiments._llm_report import micro_batch_lines
+
+    mbs = pd.DataFrame({"smaller": ["A", "B"], "larger": ["C", "D"], "plan": "TP8 PP12", "micro_batches": "2 -> 4",
+                        "published_speedup": [pub, pub], "simulated_speedup": [1.0, 1.0]})
+    text = " ".join(micro_batch_lines(mbs))
+    assert ("a cost the simulation does not have" in text) is says
+    assert f"above the simulated in {2 if says else 0} of 2" in text
+
+
+
+def test_the_memory_section_shows_the_floor_two_readings_of_one_configuration_set():
+    from experiments._llm_report import memory_floor_lines
+
+    df = pd.DataFrame({"row_id": ["A", "B", "C"], "published_mem_gib": [44.0, 38.0, 50.0]})
+    text = " ".join(memory_floor_lines(df, [("A", "B")]))
+    assert "published 44 and 38 GB" in text and "14.6 %" in text and "below the data's own floor" in text
+    assert memory_floor_lines(df, []) == [] and "below the 10 % goal" in " ".join(memory_floor_lines(
+        pd.DataFrame({"row_id": ["A", "B"], "published_mem_gib": [40.0, 41.0]}), [("A", "B")]))

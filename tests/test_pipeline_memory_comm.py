@@ -127,6 +127,12 @@ def test_keep_lp_grads_holds_the_16_bit_gradients_and_adds_them_every_micro_batc
 
     tg0, tl0 = step(base, None)
     tg, tl = step(keep, [acc, acc])
+    # its FP32 gradients are all-reduced in BF16 (each rank then steps its shard and all-gathers), not reduce-scattered
+    ar = [t for t, x in enumerate(tg.label) if x.startswith("dp all_reduce bucket")]
+    rs = [t for t, x in enumerate(tg0.label) if x.startswith("dp reduce_scatter bucket")]
+    assert ar and rs and not any("reduce_scatter" in x for x in tg.label)
+    assert sum(tg.nbytes[t] for t in ar) * STATE_BYTES["amp_bf16"][1] == sum(tg0.nbytes[t] for t in rs) * STATE_BYTES["amp_bf16"][0]
+    assert any(x.startswith("dp all_gather bucket") for x in tg.label)
     passes = [t for t, x in enumerate(tg.label) if x.startswith("grad accumulate")]
     assert len(passes) == 2 * m and not any(x.startswith("grad accumulate") for x in tg0.label)
     assert tl.busy == pytest.approx(tl0.busy + m * acc)

@@ -111,7 +111,9 @@ def stack_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
     cap = max(row.get("mem_capacity_bytes") or [0])
     peak = row.get("peak_memory_max_bytes", max(row["peak_memory_bytes"]))
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in (row.get("memory_breakdown") or {}).items() if v)
-    out.append(("memory per GPU", f"{format_bytes(peak)} of {format_bytes(cap)}" + (f": {parts}" if parts else "")))
+    runtime = int(row.get("mem_runtime_bytes") or 0)
+    held = f" (the CUDA context and NCCL hold {format_bytes(runtime)} more)" if runtime else ""
+    out.append(("memory per GPU", f"{format_bytes(peak)} of {format_bytes(cap)}{held}" + (f": {parts}" if parts else "")))
     return out
 
 

@@ -29,13 +29,13 @@ cost models and graph sources use them for their own keys.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.checks import boolean, did_you_mean, positive_int
+from harness.core.checks import boolean, did_you_mean, non_negative_number, positive_int
 from harness.core.errors import ClusterError
 from harness.core.topology import Link, block, figure
 from harness.core.wiring import NicSpec, Wiring, host_wiring, nic_spec
@@ -50,7 +50,10 @@ class DeviceSpec:
     kind: str
     peak_flops: Mapping[str, float]  # FLOP/s per dtype name ("float32", "float16", ...)
     mem_bw: float  # bytes/s
-    mem_capacity: int  # bytes
+    mem_capacity: int  # bytes the framework's tensors may take: the datasheet's less ``runtime_bytes``
+    #: device memory the software stack holds outside the framework's tensors (the CUDA context with
+    #: its loaded kernels, the communication library's buffers): a cluster's ``runtime_GiB``
+    runtime_bytes: int = 0
 
     def peak(self, dtype: str = "float32") -> float:
         if dtype in self.peak_flops:
@@ -286,7 +289,8 @@ PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float64
 DEVICE_ALIASES: dict[str, str] = {"peak": "peak_tflops", "tflops": "peak_tflops", "memory": "mem_GiB", "mem": "mem_GiB",
                                   "mem_GB": "mem_GiB", "bandwidth": "mem_bw_GBps", "mem_bw": "mem_bw_GBps", "name": "kind"}
 #: the keys of a cluster config (``conf/cluster/*.yaml``, without ``_target_`` and ``defaults``)
-CLUSTER_KEYS: tuple[str, ...] = ("name", "device", "gpus", "nodes", "intra", "inter", "host_link", "collective", "host_comm")
+CLUSTER_KEYS: tuple[str, ...] = ("name", "device", "gpus", "nodes", "intra", "inter", "host_link", "runtime_GiB", "collective",
+                                  "host_comm")
 #: the most memory the route tables of a cluster may take (``routes`` and its arrays are D x D,
 #: built only when an operator- or layer-graph simulation asks for them): about 2500 devices
 MAX_ROUTE_BYTES = 2**30
@@ -329,6 +333,17 @@ def device_spec(spec: Mapping[str, Any], key: str = "cluster.device") -> DeviceS
                       int(figure(spec["mem_GiB"], f"{key}.mem_GiB", "GiB") * GIB))
 
 
+def runtime_spec(spec: DeviceSpec, runtime_GiB: Any, key: str = "cluster.runtime_GiB") -> DeviceSpec:
+    """``spec`` with ``runtime_GiB`` of its memory held by the software stack (a
+    :class:`ClusterError` naming ``key`` for a figure < 0, not a number, or not below the
+    device's memory)."""
+    runtime = int(non_negative_number(runtime_GiB, key, ClusterError) * GIB)
+    if runtime >= spec.mem_capacity:
+        raise ClusterError(f"{key} = {runtime_GiB} leaves none of the {spec.kind}'s {spec.mem_capacity / GIB:g} GiB to the "
+                           "framework's tensors; it is the memory the CUDA context and NCCL hold (about 2 GiB)")
+    return replace(spec, mem_capacity=spec.mem_capacity - runtime, runtime_bytes=runtime)
+
+
 def build_cluster(
     name: str,
     device: Mapping[str, Any],
@@ -337,6 +352,7 @@ def build_cluster(
     intra: Mapping[str, Any] | None = None,
     inter: Mapping[str, Any] | None = None,
     host_link: Mapping[str, Any] | None = None,
+    runtime_GiB: float = 0.0,
     **meta: Any,
 ) -> Cluster:
     """Build a cluster of ``nodes`` hosts with ``gpus`` devices each (the Hydra ``_target_`` of conf/cluster).
@@ -357,12 +373,16 @@ def build_cluster(
     in the cost model's ring all-reduce; ``host_comm`` (:data:`HOST_COMM_KEYS`) is what a
     message costs a CPU rank's core (see :func:`simulators.taskgraph.build_taskgraph`).  Any
     other key, and any figure out of range, is a :class:`ClusterError` naming it.
+    ``runtime_GiB`` is the device memory the cluster's software stack holds before the framework
+    allocates a tensor (the CUDA context and its kernels, NCCL's communicators; 0: not modelled):
+    every device's :attr:`DeviceSpec.mem_capacity` is its datasheet memory less it, so plans,
+    searches and OOM verdicts see what the tensors may take (:func:`runtime_spec`).
     """
 
     gpus, nodes = positive_int(gpus, "cluster.gpus", ClusterError), positive_int(nodes, "cluster.nodes", ClusterError)
     _check_size(gpus, nodes)
     _check_meta(meta)
-    spec = device_spec(device)
+    spec = runtime_spec(device_spec(device), runtime_GiB)
     intra = intra if intra is not None else {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0}
     host = host_wiring(gpus, nodes, intra)
     nic_meta: dict[str, Any] = {}
