@@ -72,7 +72,7 @@ import numpy as np
 from algorithms.llm_search_costing import Costing, UnitTable
 from algorithms.llm_search_space import Candidate
 from harness.core.llm.memory import state_coefficients
-from harness.core.llm.schedules import stage_order
+from harness.core.llm.schedules import interleaved_warmup, stage_order
 
 
 # ---------------------------------------------------------------------------- the schedules' counts
@@ -80,14 +80,14 @@ def in_flight_at_first_backward(schedule: str, pp: int, vpp: int, m: int, s: int
     """Per local chunk ``l`` of stage ``s`` (chunk ``l * pp + s``), the forwards the stage has run
     when its first backward starts (none of them freed yet): 1F1B and ZB-H1 run ``min(pp - s - 1, m)``
     warm-up forwards and one more; GPipe all ``m``; the interleaved 1F1B ``2 (pp - s - 1) + (vpp - 1) pp``
-    warm-up chunk passes (all of them when ``m == pp``) and one more, virtual micro-batch ``k``
+    warm-up chunk passes (Megatron's all of them when ``m == pp``) and one more, virtual micro-batch ``k``
     on local chunk ``(k mod pp vpp) // pp`` (:mod:`harness.core.llm.schedules`)."""
     if schedule in ("1f1b", "zb_h1"):
         return [min(pp - s, m)]
     if schedule == "gpipe":
         return [m]
     total, group = m * vpp, pp * vpp
-    warm = total if m == pp else min(2 * (pp - s - 1) + (vpp - 1) * pp, total)
+    warm = interleaved_warmup(schedule, pp, m, vpp, s)
     n = min(total, warm + 1)
     full, rem = divmod(n, group)
     return [full * pp + min(max(rem - l * pp, 0), pp) for l in range(vpp)]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from harness.core.llm.plan import padded_vocab
+from harness.core.llm.schedules import INTERLEAVED
 from harness.core.precision import PRECISIONS
 
 #: the published rows (a copy of the project's shared data, harness/data/llm/README.md)
@@ -288,7 +289,7 @@ def _torchtitan(row: Mapping[str, str]) -> _Draft:
         interleaved = "interleaved" in row["pp_schedule"].lower()
         d.vpp = 2 if interleaved else 1
         d.micro_batch = max(local // d.pp, 1)
-        d.schedule = "interleaved" if interleaved else "1f1b"
+        d.schedule = "interleaved_torch" if interleaved else "1f1b"
         layers = lead_int(row["layers"]) or 0
         stages = torchtitan_stages(layers, d.pp, d.vpp)
         d.algo = ["algo=megatron", "algo.zero=3", "algo.gather_once=true", f"algo.tp={d.tp}", f"algo.pp={d.pp}", f"algo.dp={d.dp}", f"algo.cp={cp}",
@@ -298,7 +299,10 @@ def _torchtitan(row: Mapping[str, str]) -> _Draft:
                        f"degree), {'2 stages per rank (its default for a looped schedule), ' if interleaved else ''}blocks split as "
                        f"its generate_split_points does; torchtitan's FSDP under PP gathers a stage's weights once and reduce-scatters "
                        "its gradients once per step (reshard_after_forward=False, and torch.distributed.pipelining keeps them "
-                       "unsharded and unsynchronised until the last micro-batch): algo.gather_once=true")
+                       "unsharded and unsynchronised until the last micro-batch): algo.gather_once=true"
+                       + ("; torch.distributed.pipelining's Interleaved1F1B order, whose later stages start their backwards "
+                          "before every forward has run where Megatron-LM's would not (m = pp): algo.schedule=interleaved_torch"
+                          if interleaved else ""))
     notes = row["notes"].lower()
     if "per gpu" in notes and "assumed" in notes:
         d.notes.append("the page's 'tokens/sec' is taken per GPU, as torchtitan logs it (tokens per second per device)")
@@ -420,7 +424,7 @@ def schedule_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
     """Pairs of rows that differ only in their pipeline schedule (1F1B against interleaved 1F1B,
     torchtitan's Table 5): (1F1B row, interleaved row)."""
     return _pairs(jobs, lambda j: j.pp > 1 and j.schedule == "1f1b" and j.group == "torchtitan",
-                  lambda j: j.pp > 1 and j.schedule == "interleaved",
+                  lambda j: j.pp > 1 and j.schedule in INTERLEAVED,
                   lambda j: (j.group, j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp))
 
 

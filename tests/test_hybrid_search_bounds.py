@@ -119,7 +119,8 @@ def test_the_space_refuses_a_bad_choice_in_one_line() -> None:
 # ---------------------------------------------------------------------------- the schedules' counts
 @pytest.mark.parametrize("schedule, pp, m, vpp", [("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1), ("zb_h1", 4, 8, 1), ("zb_h1", 5, 3, 1),
                                                   ("gpipe", 3, 4, 1), ("interleaved", 4, 8, 2), ("interleaved", 4, 4, 3),
-                                                  ("interleaved", 2, 6, 4), ("1f1b", 1, 3, 1)])
+                                                  ("interleaved", 2, 6, 4), ("1f1b", 1, 3, 1), ("interleaved_torch", 4, 4, 2),
+                                                  ("interleaved_torch", 8, 8, 2), ("interleaved_torch", 4, 8, 3)])
 def test_the_counts_of_the_bounds_are_the_orders(schedule: str, pp: int, m: int, vpp: int) -> None:
     for s in range(pp):
         ops = stage_order(schedule, pp, m, vpp, s)

@@ -103,6 +103,9 @@ def test_torchtitan_splits_blocks_as_generate_split_points():
 def test_the_schedule_pair_is_torchtitans_table_5():
     pairs = [(a.row_id, b.row_id) for a, b in schedule_pairs(JOBS)]
     assert pairs == [("TT-T5-1", "TT-T5-2")]
+    # torchtitan's interleaved rows run torch.distributed.pipelining's order, Megatron's rows Megatron's
+    by = {j.row_id: j for j in JOBS}
+    assert algo_value(by["TT-T5-2"], "schedule") == "interleaved_torch" and algo_value(by["KOR22-2a"], "schedule") == "interleaved"
 
 
 # ---------------------------------------------------------------------------- FLOP conventions

@@ -36,8 +36,10 @@ def test_recompute_is_none_selective_or_full() -> None:
     bad(toy_stack(), 16, "algo.recompute must be one of none, selective, full", "'some'", recompute="some")
 
 
-def test_the_schedule_is_one_of_four() -> None:
-    bad(toy_stack(), 16, "algo.schedule must be one of gpipe, 1f1b, interleaved, zb_h1", "'pipedream'", schedule="pipedream")
+def test_the_schedule_is_one_of_five() -> None:
+    bad(toy_stack(), 16, "algo.schedule must be one of gpipe, 1f1b, interleaved, interleaved_torch, zb_h1", "'pipedream'",
+        schedule="pipedream")
+    bad(toy_stack(), 16, "algo.schedule=interleaved_torch needs algo.vpp > 1", schedule="interleaved_torch", pp=4)
 
 
 @pytest.mark.parametrize("stages", ["even", 3, [2, 0, 8], [2.5, 7.5]])

@@ -51,6 +51,24 @@ def test_interleaved_every_pass_once(pp: int, m: int, vpp: int) -> None:
     orders_ok("interleaved", pp, m, vpp)
 
 
+@pytest.mark.parametrize("pp,m,vpp", [(2, 2, 2), (4, 4, 2), (4, 8, 3), (8, 8, 2), (8, 16, 4)])
+def test_torchs_interleaved_is_megatrons_but_when_m_is_pp(pp: int, m: int, vpp: int) -> None:
+    """torch.distributed.pipelining's ScheduleInterleaved1F1B (``_get_warmup_ops``): Megatron-LM's
+    order and warm-up, without its all-forwards-first case when ``m == pp``; there every stage
+    warms up ``2 (pp - s - 1) + (vpp - 1) pp`` chunk passes (capped at ``m vpp``), so the last
+    holds ``(vpp - 1) pp + 1`` at most."""
+    orders_ok("interleaved_torch", pp, m, vpp)
+    for s in range(pp):
+        mega, torch_ = stage_order("interleaved", pp, m, vpp, s), stage_order("interleaved_torch", pp, m, vpp, s)
+        warm = min(2 * (pp - s - 1) + (vpp - 1) * pp, m * vpp)
+        first_b = next(i for i, o in enumerate(torch_) if o.kind == "B")  # warm-up, then one forward, then backwards in turn
+        assert first_b == (warm + 1 if warm < m * vpp else m * vpp)
+        assert (mega == torch_) is (m != pp or warm == m * vpp)
+    if m == pp:
+        assert in_flight(stage_order("interleaved_torch", pp, m, vpp, pp - 1)) == (vpp - 1) * pp + 1
+        assert in_flight(stage_order("interleaved", pp, m, vpp, pp - 1)) == m * vpp
+
+
 def test_schedule_names_are_the_plans() -> None:
     assert tuple(ORDERS) == SCHEDULES
 

@@ -59,14 +59,16 @@ import numpy as np
 from harness.core.checks import boolean, did_you_mean, one_of, optional, positive_int
 from harness.core.errors import UserError
 from harness.core.llm.memory import STATE_BYTES
+from harness.core.llm.schedules import INTERLEAVED
 from harness.core.llm.work import RECOMPUTE, Shard
 
 if TYPE_CHECKING:
     from harness.core.llm.stack import StackGraph
 
 #: the pipeline schedules: GPipe (Huang et al. 2019), 1F1B (PipeDream-Flush, Narayanan et al.
-#: 2021), Megatron-LM's interleaved 1F1B (SC'21), ZB-H1 (Qi et al., ICLR'24)
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb_h1")
+#: 2021), Megatron-LM's interleaved 1F1B (SC'21) and torch.distributed.pipelining's, ZB-H1 (Qi et
+#: al., ICLR'24); harness.core.llm.schedules gives each one's order
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", *INTERLEAVED, "zb_h1")
 
 #: ZeRO stages (Rajbhandari et al., SC'20): 0 plain data parallelism (DDP), 1 optimizer states
 #: sharded (Megatron-LM's distributed optimizer), 2 + gradients, 3 + parameters (FSDP)
@@ -449,11 +451,11 @@ def check_schedule(plan: ParallelPlan) -> None:
     if plan.schedule == "zb_h1" and plan.vpp > 1:
         raise PlanError(f"algo.schedule=zb_h1 runs one model chunk per stage (ZB-H1, Qi et al. ICLR'24), and algo.vpp={plan.vpp}: "
                         f"use algo.vpp=1, or algo.schedule=interleaved to keep algo.vpp={plan.vpp}")
-    if plan.vpp > 1 and plan.schedule != "interleaved":
+    if plan.vpp > 1 and plan.schedule not in INTERLEAVED:
         raise PlanError(f"algo.vpp={plan.vpp} runs the interleaved 1F1B schedule, not algo.schedule={plan.schedule}: "
                         "use algo.schedule=interleaved (or leave algo.schedule out), or algo.vpp=1")
-    if plan.schedule == "interleaved" and plan.vpp == 1:
-        raise PlanError("algo.schedule=interleaved needs algo.vpp > 1 model chunks per stage: use algo.vpp=2 (or more), "
+    if plan.schedule in INTERLEAVED and plan.vpp == 1:
+        raise PlanError(f"algo.schedule={plan.schedule} needs algo.vpp > 1 model chunks per stage: use algo.vpp=2 (or more), "
                         "or algo.schedule=1f1b")
 
 
@@ -473,7 +475,7 @@ def check_batch(plan: ParallelPlan, batch: int) -> None:
 
 def check_interleaved_batch(plan: ParallelPlan, batch: int) -> None:
     """Interleaved 1F1B: ``m`` a multiple of ``pp``."""
-    if plan.schedule != "interleaved":
+    if plan.schedule not in INTERLEAVED:
         return
     m = batch // (plan.dp * plan.micro_batch)
     if m % plan.pp == 0:
@@ -481,8 +483,8 @@ def check_interleaved_batch(plan: ParallelPlan, batch: int) -> None:
     per = batch // plan.dp
     mbs = near(lambda v: per % v == 0 and (per // v) % plan.pp == 0, plan.micro_batch, 1, per)
     alt = f", {either('algo.micro_batch', mbs)}" if mbs else ""
-    raise PlanError(f"algo.schedule=interleaved needs the micro-batch count m = model.batch_size / (algo.dp x algo.micro_batch) = "
-                    f"{batch} / ({plan.dp} x {plan.micro_batch}) = {m} to be a multiple of algo.pp={plan.pp} (Megatron-LM's interleaved "
+    raise PlanError(f"algo.schedule={plan.schedule} needs the micro-batch count m = model.batch_size / (algo.dp x algo.micro_batch) = "
+                    f"{batch} / ({plan.dp} x {plan.micro_batch}) = {m} to be a multiple of algo.pp={plan.pp} (the interleaved "
                     f"1F1B runs micro-batches in groups of pp): "
                     f"{use('model.batch_size', multiples_near(batch, plan.dp * plan.micro_batch * plan.pp))}{alt}, or algo.vpp=1")
 

@@ -21,6 +21,11 @@ simulation.
   ``(k % (pp vpp)) // pp`` (backwards walk the chunks in reverse); ``2 (pp - stage - 1) +
   (vpp - 1) pp`` warm-up forwards (all of them when ``m == pp``), then one forward and one
   backward in turn, then the cool-down.  ``m`` must be a multiple of ``pp``.
+* ``interleaved_torch`` (``torch.distributed.pipelining.ScheduleInterleaved1F1B``, torchtitan's
+  ``Interleaved1F1B``): the same order and warm-up count, capped at ``m vpp``, without Megatron's
+  all-warm-up case when ``m == pp`` (its ``_get_warmup_ops``): there the later stages start their
+  backwards early and hold fewer chunk passes (the last stage ``(vpp - 1) pp + 1`` against
+  ``m vpp``).
 * ``zb_h1`` (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24; the order of
   sail-sg/zero-bubble-pipeline-parallelism's ``ZeroBubbleH1Pipeline`` with its exact semantics):
   the backward split into ``B`` (input gradient, on the critical path) and ``W`` (weight
@@ -70,7 +75,21 @@ def _one_f_one_b(pp: int, m: int, stage: int) -> list[Op]:
     return ops
 
 
-def _interleaved(pp: int, m: int, vpp: int, stage: int) -> list[Op]:
+#: the interleaved 1F1B schedules: Megatron-LM's and torch.distributed.pipelining's
+INTERLEAVED: tuple[str, ...] = ("interleaved", "interleaved_torch")
+
+
+def interleaved_warmup(schedule: str, pp: int, m: int, vpp: int, stage: int) -> int:
+    """The warm-up forwards (chunk passes) stage ``stage`` of an interleaved schedule runs before
+    its first backward: ``2 (pp - stage - 1) + (vpp - 1) pp``, at most ``m vpp``, and under
+    Megatron-LM's (``interleaved``) all of them when ``m == pp``."""
+    total = m * vpp
+    if schedule == "interleaved" and m == pp:
+        return total
+    return min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
+
+
+def _interleaved(pp: int, m: int, vpp: int, stage: int, schedule: str = "interleaved") -> list[Op]:
     total = m * vpp
     group = pp * vpp
 
@@ -80,7 +99,7 @@ def _interleaved(pp: int, m: int, vpp: int, stage: int) -> list[Op]:
             local = vpp - 1 - local
         return Op(kind, (k // group) * pp + k % pp, local * pp + stage)
 
-    warm = total if m == pp else min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
+    warm = interleaved_warmup(schedule, pp, m, vpp, stage)
     ops = [op("F", k) for k in range(warm)]
     for k in range(total - warm):
         ops += [op("F", warm + k), op("B", k)]
@@ -115,6 +134,7 @@ ORDERS: dict[str, Callable[[int, int, int, int], list[Op]]] = {
     "gpipe": lambda pp, m, vpp, s: _gpipe(pp, m, s),
     "1f1b": lambda pp, m, vpp, s: _one_f_one_b(pp, m, s),
     "interleaved": _interleaved,
+    "interleaved_torch": lambda pp, m, vpp, s: _interleaved(pp, m, vpp, s, "interleaved_torch"),
     "zb_h1": lambda pp, m, vpp, s: _zb_h1(pp, m, s),
 }
 
@@ -129,7 +149,7 @@ def stage_order(schedule: str, pp: int, m: int, vpp: int, stage: int) -> list[Op
         raise ValueError(f"unknown pipeline schedule {schedule!r}: one of {', '.join(ORDERS)}")
     if pp < 1 or m < 1 or vpp < 1 or not 0 <= stage < pp:
         raise ValueError(f"stage_order needs pp, m, vpp >= 1 and 0 <= stage < pp, got pp={pp} m={m} vpp={vpp} stage={stage}")
-    if schedule == "interleaved":
+    if schedule in INTERLEAVED:
         if m % pp:
             raise ValueError(f"the interleaved schedule needs m a multiple of pp, got m={m} pp={pp}")
     elif vpp != 1:
