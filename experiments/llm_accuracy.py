@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                      "and bloom_single_node.csv")
         rows = [r for r in rows if r["row_id"] in set(wanted)]
         one_node = [r for r in one_node if r["row_id"] in set(wanted)]
+        if not rows:
+            ap.error(f"--rows names only rows of bloom_single_node.csv ({', '.join(r['row_id'] for r in one_node)}), which run "
+                     "beside the verdict's: add at least one row of harness/data/llm/published_llm_training.csv (e.g. BLOOM-SWEEP-7)")
     out = output_dir(a)
     t0 = time.perf_counter()
     jobs = [row_job(r) for r in rows]

@@ -213,6 +213,11 @@ def test_a_mistake_on_the_command_line_is_one_line(capsys):
         llm_accuracy.main(["--rows", "NO-SUCH-ROW"])
     assert e.value.code == 2
     assert "unknown published row 'NO-SUCH-ROW'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # the one-node rows run beside the verdict's rows, not alone
+        llm_accuracy.main(["--rows", "BLOOM-1N-1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rows names only rows of bloom_single_node.csv (BLOOM-1N-1)" in err and err.count("\n") <= 2
 
 
 def test_torchtitans_compile_pairs_and_their_kernel_styles():
