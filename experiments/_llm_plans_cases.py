@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from experiments._llm_rows import QUIET, RowJob, load_rows, row_job
+from experiments._llm_rows import QUIET, RowJob, load_rows, override_value, row_job
 
 #: each model preset (conf/model) at three GPU counts on the cluster of its published runs: counts
 #: that are multiples of the published recipe's TP x PP where there is one, from 8 to 16,384 GPUs
@@ -154,7 +154,7 @@ def preset_recipes(presets: dict[str, tuple[str, tuple[int, ...]]], rows: Sequen
             if c.row is None or not c.row.expressed or _shape_of(c.row) != (spec.layers, spec.hidden, spec.heads):
                 continue
             other = spec_of_overrides(c.base)
-            row_cluster = next((o.split("=", 1)[1] for o in c.base if o.startswith("cluster=")), "")
+            row_cluster = override_value(c.base, "cluster") or ""
             if all(getattr(other, f) == getattr(spec, f) for f in SHAPE_FIELDS) and gpu_family(row_cluster) == gpu_family(cluster):
                 same.append(c)
         if same:

@@ -19,7 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from harness.core.llm.plan import padded_vocab
 from harness.core.llm.schedules import INTERLEAVED
@@ -428,9 +428,14 @@ def schedule_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
                   lambda j: (j.group, j.model, j.gpus, j.batch, j.seq_len, j.precision, j.recompute, j.pp, j.dp))
 
 
+def override_value(overrides: Sequence[str], key: str) -> str | None:
+    """The value ``overrides`` (``python -m harness`` ``key=value`` words) give ``key``, None where none."""
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")), None)
+
+
 def algo_value(job: RowJob, key: str) -> str:
     """The value a row's job gives ``algo.<key>`` ("" where it gives none)."""
-    return next((o.split("=", 1)[1] for o in job.overrides if o.startswith(f"algo.{key}=")), "")
+    return override_value(job.overrides, f"algo.{key}") or ""
 
 
 def micro_batch_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._llm_figures import error_summary, figure_of_time, fit_efficiency, kendall_tau_b, noise_tau, repeat_sigma
-from experiments._llm_rows import RowJob, compile_pairs, micro_batch_pairs, schedule_pairs
+from experiments._llm_rows import RowJob, compile_pairs, micro_batch_pairs, override_value, schedule_pairs
 
 #: the 16-bit precisions the formula baseline's one peak describes
 SIXTEEN_BIT = ("amp_fp16", "amp_bf16")
@@ -25,7 +25,7 @@ GOAL_MEDIAN, GOAL_ROW, GOAL_TAU, GOAL_MEMORY = 0.08, 0.20, 0.8, 0.10
 def plan_label(job: RowJob, overrides: Sequence[str]) -> str:
     """``TP8 PP8 DP8 CP1 v2 interleaved mb4 full ZeRO-3``: the plan of a row, read off its overrides."""
     kv = dict(o.split("=", 1) for o in overrides if o.startswith("algo."))
-    algo = next((o.split("=", 1)[1] for o in overrides if o.startswith("algo=")), "?")
+    algo = override_value(overrides, "algo") or "?"
     zero = "ZeRO-3 (FSDP)" if algo == "fsdp" else f"ZeRO-{kv.get('algo.zero', '1')}"
     return (f"TP{kv.get('algo.tp', 1)} PP{job.pp} DP{job.dp} CP{kv.get('algo.cp', 1)} "
             + (f"v{job.vpp} " if job.vpp > 1 else "") + f"{job.schedule} mb{job.micro_batch} {job.recompute} {zero}")

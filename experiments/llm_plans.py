@@ -47,7 +47,7 @@ from experiments._llm_plans_cases import (
 )
 from experiments._llm_plans_report import plot_throughput, write_readme
 from experiments._llm_plans_run import describe_plan, explain, simulate
-from experiments._llm_rows import load_rows
+from experiments._llm_rows import load_rows, override_value
 from experiments.common import experiment_args, output_dir, print_table
 from harness.app.compose import CONF
 from harness.core.errors import OptionError
@@ -90,18 +90,14 @@ def fsdp_overrides(case: Case, recompute: str, gpus: int, batch: int) -> list[st
     return ["algo=fsdp", "algo.tp=8", "algo.sequence_parallel=true", f"algo.recompute={recompute}"]
 
 
-def _opt(overrides: Sequence[str], key: str) -> str | None:
-    return next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")), None)
-
-
 def run_case(case: Case, budget_s: float | None) -> dict[str, Any]:
     """The three plans of one case (module docstring), each a :func:`simulate` answer."""
     out: dict[str, Any] = {"case": case}
     if case.reason:
         return out
     pub = simulate(case.base + case.published) if case.published else None
-    batch = int(_opt(case.base, "model.batch_size") or 0) or _preset_batch(case)
-    recompute = _opt(case.published, "algo.recompute") or "full"
+    batch = int(override_value(case.base, "model.batch_size") or 0) or _preset_batch(case)
+    recompute = override_value(case.published, "algo.recompute") or "full"
     fsdp = simulate(case.base + tuple(fsdp_overrides(case, recompute, case.gpus, batch)))
     seed = pub if pub is not None and "error" not in pub else (fsdp if "error" not in fsdp else None)
     found = simulate(case.base + tuple(search_overrides(seed["plan"] if seed else None, budget_s)))

@@ -25,7 +25,7 @@ import numpy as np
 #: BF16_Optimizer keeps the 16-bit gradients as well (``algo.keep_lp_grads``: the pipeline
 #: simulator charges them on top of these; no search chooses it).  fp32 / tf32:
 #: fp32 weights and gradients, m and v; pure fp16 / bf16: everything 16-bit, no master copy.
-#: Gradients are reduced in the type they are kept in.  ``fp16_master`` (apex O2, Megatron-LM's
+#: Gradients are reduced in the type they are kept in (DeepSpeed's BF16_Optimizer: in BF16, its wire type).  ``fp16_master`` (apex O2, Megatron-LM's
 #: ``--fp16``) is the FP16 mixed precision of ZeRO's count; ``amp_fp8`` keeps ``amp_bf16``'s states
 #: (the FP8 recipe quantizes the BF16 weights each step: harness.core.llm.fp8).
 STATE_BYTES: dict[str, tuple[int, int, int]] = {
