@@ -42,8 +42,9 @@ def row_table(jobs: Sequence[RowJob], sims: Sequence[dict[str, Any]]) -> pd.Data
         if pub is not None and math.isfinite(t_sim):
             sim_fig = figure_of_time(pub.kind, t_sim, gpus=job.gpus, batch=job.batch, seq_len=job.seq_len,
                                      flops=s.get("figure_flops", math.nan), peak=s.get("peak16", math.nan))
-        tensors, runtime = s.get("simulated_mem_gib", math.nan), s.get("runtime_gib", 0.0)
-        mem_sim = tensors + runtime if job.mem_smi else tensors  # as the published figure counts it
+        tensors, runtime, reserve = s.get("simulated_mem_gib", math.nan), s.get("runtime_gib", 0.0), s.get("reserve", 1.0)
+        # as the published figure counts it: the allocator's pool (reserved bytes), and nvidia-smi the runtime besides
+        mem_sim = tensors * reserve + (runtime if job.mem_smi else 0.0)
         out.append({
             "row_id": job.row_id, "group": job.group, "model": job.model, "gpus": job.gpus, "precision": job.precision,
             "plan": plan_label(job, job.overrides), "batch_seqs": job.batch, "seq_len": job.seq_len,
@@ -51,7 +52,7 @@ def row_table(jobs: Sequence[RowJob], sims: Sequence[dict[str, Any]]) -> pd.Data
             "convention": s.get("convention", ""), "convention_flops": s.get("convention_flops", math.nan), "published_time_s": t_pub,
             "simulated": sim_fig, "simulated_time_s": t_sim, "ratio": t_sim / t_pub if t_pub > 0 else math.nan,
             "published_mem_gib": job.mem_gib if job.mem_gib is not None else math.nan, "simulated_mem_gib": mem_sim,
-            "simulated_tensor_gib": tensors, "runtime_gib": runtime,
+            "simulated_tensor_gib": tensors, "allocator_reserve": reserve, "runtime_gib": runtime,
             "mem_ratio": mem_sim / job.mem_gib if job.mem_gib else math.nan,
             "published_oom": job.published_oom, "simulated_oom": s.get("simulated_oom", math.nan),
             "bubble": s.get("bubble", math.nan), "comm_exposed_s": s.get("comm_exposed_s", math.nan),

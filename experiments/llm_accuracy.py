@@ -85,7 +85,8 @@ def simulate(job: RowJob, extra: Sequence[str] = ()) -> dict[str, Any]:
     fabric = r.get("fabric_report") or {}
     rec.update(status="simulated", simulated_time_s=float(r["step_time_s"]), simulated_oom=bool(r["oom"]),
                simulated_mem_gib=float(r["peak_memory_max_bytes"]) / 2**30,
-               runtime_gib=float(r.get("mem_runtime_bytes") or 0) / 2**30, bubble=float(r.get("bubble_fraction", math.nan)),
+               runtime_gib=float(r.get("mem_runtime_bytes") or 0) / 2**30, reserve=float(r.get("mem_allocator_reserve") or 1.0),
+               bubble=float(r.get("bubble_fraction", math.nan)),
                comm_exposed_s=float(sum((r.get("comm_exposed_s") or {}).values())), seconds=time.perf_counter() - t0,
                kernel_fit=" || ".join(f"{k}: {v}" for k, v in sorted(kernels.items())),
                fabric_fit=" || ".join(f"{k}: {v.get('source')}" for k, v in fabric.items() if isinstance(v, dict) and "source" in v))

@@ -16,7 +16,8 @@ parameters stay gathered from forward to backward) and one unit's unsharded grad
 all the stage's weights and unsharded gradients), ZeRO-2's
 one bucket of unsharded gradients.  ``algo.keep_lp_grads`` (DeepSpeed's BF16_Optimizer): the
 16-bit gradients besides, unsharded, all step.  Not here: what the CUDA context and NCCL hold (the
-cluster's ``runtime_GiB``, off the device's capacity), the allocator's fragmentation.
+cluster's ``runtime_GiB``, off the device's capacity) and the allocator's slack over the tensors
+(its ``allocator_reserve``, which divides what remains): both are in the capacity a stage is held to.
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ class SimResult:
             "peak_memory_bytes": self.peak_memory_bytes,
             "mem_capacity_bytes": self.mem_capacity_bytes,
             "mem_runtime_bytes": max(int(d.spec.runtime_bytes) for d in self.cluster.devices),
+            "mem_allocator_reserve": max(float(d.spec.alloc_reserve) for d in self.cluster.devices),
             "device_busy_s": self.device_busy_s,
             "num_tasks": self.num_tasks,
             **self.extras,

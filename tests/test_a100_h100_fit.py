@@ -15,8 +15,8 @@ import pytest
 
 from harness.app.compose import compose
 from harness.app.kernel_fit import BORROWED_FLAGS, LAUNCH_T0, fit_model, memory_fit, split_indices
-from harness.app.kernel_samples import (A100_H100_DATA, STREAM_DATASHEET_GBPS, STREAM_FITTED, Samples, attention_samples,
-                                        gemm_samples, memory_rows)
+from harness.app.kernel_samples import (A100_H100_DATA, PREDICTABLE_INPUTS, STREAM_DATASHEET_GBPS, STREAM_FITTED, SampleError,
+                                        Samples, attention_samples, gemm_samples, input_factors, memory_rows)
 from harness.app.run import build
 from harness.core.calibrated import CalibratedCostModel, CalibrationError
 from harness.core.costs import AnalyticalCostModel
@@ -74,14 +74,41 @@ def test_every_gemm_row_is_fitted_checked_or_left_out_with_a_note() -> None:
 
 def test_a_gemm_sample_is_its_flops_at_the_measured_rate() -> None:
     fit, _, _ = gemm_samples()
-    s = fit[("A100", "bf16", "gemm")]
-    i = s.label.index("A100 bf16 gemm 1x4096x4096x4096")
+    s = fit[("A100", "tf32", "gemm")]  # (the 16-bit rows of this source: brought to random inputs, below)
+    i = s.label.index("A100 tf32 gemm 1x4096x4096x4096")
     df = pd.read_csv(GEMM_CSV)
-    tf = float(df[(df["gpu"] == "A100") & (df["dtype"] == "bf16") & (df["m"] == 4096) & (df["n"] == 4096)]["tflops"].iloc[0])
+    tf = float(df[(df["gpu"] == "A100") & (df["dtype"] == "tf32") & (df["m"] == 4096) & (df["n"] == 4096)]["tflops"].iloc[0])
     assert s.flops[i] == 2 * 4096**3 and s.time_s[i] == pytest.approx(2 * 4096**3 / (tf * 1e12), rel=1e-12)
     g = fit[("H100", "fp8", "gemm")]  # a grouped GEMM: batch groups of m rows each, one GEMM of all of them
     j = g.label.index("H800 fp8_e4m3 (block-scaled) gemm 4x8192x4096x7168")
     np.testing.assert_array_equal(g.dims[j], [4 * 8192, 4096, 7168])
+
+
+def test_predictable_input_rows_are_brought_to_random_inputs_at_their_shared_shape(tmp_path) -> None:
+    """NVIDIA's launch figure (292 TFLOP/s at 8192^3) against the same shape on random-normal inputs
+    (257): its 16-bit rows take 292 / 257 the time they read, its TF32 / FP32 rows and every other
+    source stand as measured."""
+    fit, _, notes = gemm_samples()
+    df = pd.read_csv(GEMM_CSV)
+    ref = pd.read_csv(A100_H100_DATA / "gemm_inputs.csv")
+    randn = float(ref[ref["inputs"] == "randn"]["tflops"].iloc[0])
+    plot = df["source"].str.startswith(next(iter(PREDICTABLE_INPUTS)))
+    for prec, scaled in (("bf16", True), ("fp16", True), ("tf32", False), ("fp32", False)):
+        s = fit[("A100", prec, "gemm")]
+        i = s.label.index(f"A100 {prec} gemm 1x8192x8192x8192")
+        tf = float(df[plot & (df["dtype"] == prec) & (df["m"] == 8192)]["tflops"].iloc[0])
+        want_tf = randn if scaled else tf
+        assert s.time_s[i] == pytest.approx(2 * 8192**3 / (want_tf * 1e12), rel=1e-12), prec
+    assert input_factors(df)[(next(iter(PREDICTABLE_INPUTS)), "bf16")] == pytest.approx(257 / 292, rel=1e-12)
+    j = fit[("A100", "bf16", "gemm")].label.index("A100 bf16 gemm 1x1024x10240x5120")  # MAMF: torch.randn, as measured
+    assert fit[("A100", "bf16", "gemm")].time_s[j] == pytest.approx(2 * 1024 * 10240 * 5120 / 271.2e12, rel=1e-12)
+    assert sum("brought to random-normal inputs" in n for n in notes) == 2
+    # a reference without the source's shape is refused, naming the file
+    for name in ("gemm.csv", "attention.csv", "membw.csv"):
+        (tmp_path / name).write_bytes((A100_H100_DATA / name).read_bytes())
+    ref.assign(m=4096).to_csv(tmp_path / "gemm_inputs.csv", index=False)
+    with pytest.raises(SampleError, match="gemm_inputs.csv: no random-input A100 row"):
+        gemm_samples(tmp_path)
 
 
 def test_attention_samples_follow_flashattentions_flop_count() -> None:

@@ -249,6 +249,28 @@ def test_runtime_memory_comes_off_what_the_tensors_may_take() -> None:
     assert (held.mem_capacity == 16 * 2**30 - int(1.5 * 2**30)).all()
 
 
+def test_the_allocators_reserve_divides_what_the_tensors_may_take() -> None:
+    """``cluster.allocator_reserve`` (the caching allocator's pool per byte of tensors): the tensors
+    may take what the runtime leaves over it, and the spec keeps it; 1 by default."""
+    held = build_cluster("x", DEVICE, gpus=2, runtime_GiB=1.0, allocator_reserve=1.25)
+    assert held.devices[0].spec.alloc_reserve == 1.25 and build_cluster("x", DEVICE, gpus=2).devices[0].spec.alloc_reserve == 1.0
+    assert (held.mem_capacity == int((16 * 2**30 - 2**30) / 1.25)).all()
+
+
+def test_jean_zays_reserve_is_bigsciences_logs_median() -> None:
+    """Jean Zay's ``allocator_reserve`` is the median over the runs of
+    ``harness/data/llm/allocator_reserve.csv`` (each run one vote), to the two decimals the preset gives."""
+    import pandas as pd
+
+    from harness.app.compose import CONF
+
+    runs = pd.read_csv(CONF.parent / "harness" / "data" / "llm" / "allocator_reserve.csv")
+    assert len(runs) == 10 and (runs["reserve_min"] <= runs["reserve_median"]).all() and (runs["reserve_median"] <= runs["reserve_max"]).all()
+    spec = cluster("model=lenet5", "cluster=jean_zay_a100").devices[0].spec
+    assert spec.alloc_reserve == pytest.approx(round(float(runs["reserve_median"].median()), 2), abs=1e-12)
+    assert spec.mem_capacity == int((80 * 2**30 - int(2.99 * 2**30)) / spec.alloc_reserve)
+
+
 @pytest.mark.parametrize("name, gib", [("jean_zay_a100", 2.99), ("superpod_a100", 2.0), ("superpod_h100", 2.0),
                                        ("torchtitan_h100", 2.0), ("dgx_h100", 2.0), ("p100x8", 0.0)])
 def test_presets_hold_their_sourced_runtime_memory(name: str, gib: float) -> None:
@@ -265,7 +287,7 @@ def test_a_plan_that_fits_the_datasheet_but_not_beside_the_runtime_is_oom(tmp_pa
     base = ["model=bloom_176b", "model.layers=72", "model.heads=64", "model.kv_heads=64", "cluster=jean_zay_a100",
             "algo=megatron", "algo.tp=2", "algo.pp=6", "algo.dp=32", "algo.micro_batch=2", "algo.recompute=full", "algo.zero=1",
             "algo.overlap_grad_reduce=false", "algo.overlap_param_gather=false", "precision=amp_fp16", "output.gantt=false",
-            "output.trace=false", "output.worth=false"]
+            "output.trace=false", "output.worth=false", "cluster.allocator_reserve=1"]
     rows = {}
     for gib in (0, 2.99):
         rows[gib] = run(compose([*base, f"cluster.runtime_GiB={gib}", f"hydra.run.dir={tmp_path / str(gib)}"])).row
@@ -274,4 +296,15 @@ def test_a_plan_that_fits_the_datasheet_but_not_beside_the_runtime_is_oom(tmp_pa
     assert peak < 80 * 2**30 < peak + int(2.99 * 2**30)
     assert not rows[0]["oom"] and rows[2.99]["oom"]
     assert rows[0]["mem_runtime_bytes"] == 0 and rows[2.99]["mem_runtime_bytes"] == int(2.99 * 2**30)
+    assert rows[0]["mem_allocator_reserve"] == 1.0
+
+
+def test_the_summary_says_what_the_runtime_and_the_allocator_hold() -> None:
+    from harness.app.summary import stack_lines
+
+    row = {"peak_memory_bytes": [40 * 2**30], "mem_capacity_bytes": [64 * 2**30], "mem_runtime_bytes": 3 * 2**30,
+           "mem_allocator_reserve": 1.2}
+    memory = dict(stack_lines(row))["memory per GPU"]
+    assert "the CUDA context and NCCL hold 3.0 GiB more; the allocator's pool 1.2x the tensors" in memory
+    assert "allocator" not in dict(stack_lines({**row, "mem_allocator_reserve": 1.0}))["memory per GPU"]
 

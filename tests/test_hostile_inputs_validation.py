@@ -183,6 +183,9 @@ def test_synthetic_graph_figures(key: str, value: Any, fragment: str) -> None:
     ({"runtime_GiB": "lots"}, "cluster.runtime_GiB must be a finite number"),
     ({"runtime_GiB": 16}, "cluster.runtime_GiB = 16 leaves none of the TestGPU's 16 GiB to the framework's tensors"),
     ({"runtime_gib": 2}, "cluster.runtime_gib is not a cluster key: did you mean cluster.runtime_GiB?"),
+    ({"allocator_reserve": 0.8}, "cluster.allocator_reserve = 0.8 is outside 1-3"),
+    ({"allocator_reserve": 12}, "cluster.allocator_reserve = 12 is outside 1-3"),
+    ({"allocator_reserve": "some"}, "cluster.allocator_reserve must be a finite number"),
 ])
 def test_cluster_figures_name_their_key(kw: dict[str, Any], fragment: str) -> None:
     args = {"gpus": 2, "intra": INTRA, **kw}

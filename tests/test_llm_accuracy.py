@@ -234,16 +234,19 @@ def test_torchtitans_compile_pairs_and_their_kernel_styles():
 
 
 def test_an_nvidia_smi_figure_is_compared_with_the_tensors_and_the_runtime():
-    """BLOOM's memory (nvidia-smi) is compared with the simulated tensors plus the cluster's
-    runtime memory; torchtitan's (the allocator's) with the tensors alone."""
+    """BLOOM's memory (nvidia-smi) is compared with the simulated tensors times the allocator's
+    reserve plus the cluster's runtime memory; torchtitan's (the allocator's pool) with the tensors
+    times the reserve alone."""
     bloom = next(j for j in JOBS if j.group.startswith("bloom") and j.mem_gib)
     titan = next(j for j in JOBS if j.group == "torchtitan" and j.mem_gib)
     assert bloom.mem_smi and not titan.mem_smi
-    sim = {"status": "simulated", "simulated_time_s": 1.0, "simulated_mem_gib": 40.0, "runtime_gib": 3.0}
+    sim = {"status": "simulated", "simulated_time_s": 1.0, "simulated_mem_gib": 40.0, "runtime_gib": 3.0, "reserve": 1.25}
     df = row_table([bloom, titan], [sim, sim]).set_index("row_id")
-    assert df.loc[bloom.row_id, "simulated_mem_gib"] == 43.0 and df.loc[titan.row_id, "simulated_mem_gib"] == 40.0
-    assert df.loc[bloom.row_id, "mem_ratio"] == pytest.approx(43.0 / bloom.mem_gib)
-    assert (df["simulated_tensor_gib"] == 40.0).all() and (df["runtime_gib"] == 3.0).all()
+    assert df.loc[bloom.row_id, "simulated_mem_gib"] == 53.0 and df.loc[titan.row_id, "simulated_mem_gib"] == 50.0
+    assert df.loc[bloom.row_id, "mem_ratio"] == pytest.approx(53.0 / bloom.mem_gib)
+    assert (df["simulated_tensor_gib"] == 40.0).all() and (df["runtime_gib"] == 3.0).all() and (df["allocator_reserve"] == 1.25).all()
+    plain = row_table([titan], [{k: v for k, v in sim.items() if k != "reserve"}])  # a cluster without the key: 1
+    assert plain["simulated_mem_gib"].iloc[0] == 40.0
 
 
 def test_bigscience_one_node_rows_run_as_their_sweep_does():

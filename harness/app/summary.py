@@ -112,7 +112,10 @@ def stack_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
     peak = row.get("peak_memory_max_bytes", max(row["peak_memory_bytes"]))
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in (row.get("memory_breakdown") or {}).items() if v)
     runtime = int(row.get("mem_runtime_bytes") or 0)
-    held = f" (the CUDA context and NCCL hold {format_bytes(runtime)} more)" if runtime else ""
+    reserve = float(row.get("mem_allocator_reserve") or 1.0)
+    notes = ([f"the CUDA context and NCCL hold {format_bytes(runtime)} more"] if runtime else []) + \
+        ([f"the allocator's pool {reserve:g}x the tensors"] if reserve > 1.0 else [])
+    held = f" ({'; '.join(notes)})" if notes else ""
     out.append(("memory per GPU", f"{format_bytes(peak)} of {format_bytes(cap)}{held}" + (f": {parts}" if parts else "")))
     return out
 

@@ -50,10 +50,14 @@ class DeviceSpec:
     kind: str
     peak_flops: Mapping[str, float]  # FLOP/s per dtype name ("float32", "float16", ...)
     mem_bw: float  # bytes/s
-    mem_capacity: int  # bytes the framework's tensors may take: the datasheet's less ``runtime_bytes``
+    #: bytes the framework's tensors may take: the datasheet's less ``runtime_bytes``, over ``alloc_reserve``
+    mem_capacity: int
     #: device memory the software stack holds outside the framework's tensors (the CUDA context with
     #: its loaded kernels, the communication library's buffers): a cluster's ``runtime_GiB``
     runtime_bytes: int = 0
+    #: the caching allocator's reserved bytes per byte of tensors at the peak (its pool's rounding and
+    #: fragmentation): a cluster's ``allocator_reserve``; 1: not modelled
+    alloc_reserve: float = 1.0
 
     def peak(self, dtype: str = "float32") -> float:
         if dtype in self.peak_flops:
@@ -289,8 +293,10 @@ PEAK_KEYS: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16", "float64
 DEVICE_ALIASES: dict[str, str] = {"peak": "peak_tflops", "tflops": "peak_tflops", "memory": "mem_GiB", "mem": "mem_GiB",
                                   "mem_GB": "mem_GiB", "bandwidth": "mem_bw_GBps", "mem_bw": "mem_bw_GBps", "name": "kind"}
 #: the keys of a cluster config (``conf/cluster/*.yaml``, without ``_target_`` and ``defaults``)
-CLUSTER_KEYS: tuple[str, ...] = ("name", "device", "gpus", "nodes", "intra", "inter", "host_link", "runtime_GiB", "collective",
-                                  "host_comm")
+CLUSTER_KEYS: tuple[str, ...] = ("name", "device", "gpus", "nodes", "intra", "inter", "host_link", "runtime_GiB",
+                                  "allocator_reserve", "collective", "host_comm")
+#: the plausible range of ``cluster.allocator_reserve`` (reserved / allocated bytes at the peak)
+ALLOCATOR_RESERVE_RANGE: tuple[float, float] = (1.0, 3.0)
 #: the most memory the route tables of a cluster may take (``routes`` and its arrays are D x D,
 #: built only when an operator- or layer-graph simulation asks for them): about 2500 devices
 MAX_ROUTE_BYTES = 2**30
@@ -333,15 +339,21 @@ def device_spec(spec: Mapping[str, Any], key: str = "cluster.device") -> DeviceS
                       int(figure(spec["mem_GiB"], f"{key}.mem_GiB", "GiB") * GIB))
 
 
-def runtime_spec(spec: DeviceSpec, runtime_GiB: Any, key: str = "cluster.runtime_GiB") -> DeviceSpec:
-    """``spec`` with ``runtime_GiB`` of its memory held by the software stack (a
-    :class:`ClusterError` naming ``key`` for a figure < 0, not a number, or not below the
-    device's memory)."""
+def runtime_spec(spec: DeviceSpec, runtime_GiB: Any, key: str = "cluster.runtime_GiB", allocator_reserve: Any = 1.0) -> DeviceSpec:
+    """``spec`` with ``runtime_GiB`` of its memory held by the software stack and the rest shared
+    by the tensors and the caching allocator's slack: the tensors may take ``(memory - runtime) /
+    allocator_reserve`` (a :class:`ClusterError` naming the key for a figure not a number, a
+    runtime < 0 or not below the device's memory, a reserve outside :data:`ALLOCATOR_RESERVE_RANGE`)."""
     runtime = int(non_negative_number(runtime_GiB, key, ClusterError) * GIB)
     if runtime >= spec.mem_capacity:
         raise ClusterError(f"{key} = {runtime_GiB} leaves none of the {spec.kind}'s {spec.mem_capacity / GIB:g} GiB to the "
                            "framework's tensors; it is the memory the CUDA context and NCCL hold (about 2 GiB)")
-    return replace(spec, mem_capacity=spec.mem_capacity - runtime, runtime_bytes=runtime)
+    reserve = non_negative_number(allocator_reserve, "cluster.allocator_reserve", ClusterError)
+    lo, hi = ALLOCATOR_RESERVE_RANGE
+    if not lo <= reserve <= hi:
+        raise ClusterError(f"cluster.allocator_reserve = {allocator_reserve} is outside {lo:g}-{hi:g}: it is the caching "
+                           "allocator's reserved bytes per allocated byte at the peak (1: not modelled; about 1.2 measured)")
+    return replace(spec, mem_capacity=int((spec.mem_capacity - runtime) / reserve), runtime_bytes=runtime, alloc_reserve=float(reserve))
 
 
 def build_cluster(
@@ -353,6 +365,7 @@ def build_cluster(
     inter: Mapping[str, Any] | None = None,
     host_link: Mapping[str, Any] | None = None,
     runtime_GiB: float = 0.0,
+    allocator_reserve: float = 1.0,
     **meta: Any,
 ) -> Cluster:
     """Build a cluster of ``nodes`` hosts with ``gpus`` devices each (the Hydra ``_target_`` of conf/cluster).
@@ -377,12 +390,15 @@ def build_cluster(
     allocates a tensor (the CUDA context and its kernels, NCCL's communicators; 0: not modelled):
     every device's :attr:`DeviceSpec.mem_capacity` is its datasheet memory less it, so plans,
     searches and OOM verdicts see what the tensors may take (:func:`runtime_spec`).
+    ``allocator_reserve`` (>= 1) is the caching allocator's pool per byte of tensors at the peak
+    (PyTorch's reserved over its allocated bytes: rounding and fragmentation); the tensors may take
+    the rest over it, and an nvidia-smi figure is the tensors times it plus ``runtime_GiB``.
     """
 
     gpus, nodes = positive_int(gpus, "cluster.gpus", ClusterError), positive_int(nodes, "cluster.nodes", ClusterError)
     _check_size(gpus, nodes)
     _check_meta(meta)
-    spec = runtime_spec(device_spec(device), runtime_GiB)
+    spec = runtime_spec(device_spec(device), runtime_GiB, allocator_reserve=allocator_reserve)
     intra = intra if intra is not None else {"topology": "switch", "cls": "nvlink", "bw_GBps": 25.0, "lat_us": 5.0}
     host = host_wiring(gpus, nodes, intra)
     nic_meta: dict[str, Any] = {}
