@@ -185,7 +185,7 @@ def gemm_samples(data_dir: Path = A100_H100_DATA) -> tuple[dict[tuple[str, str, 
             fit.setdefault((FAMILY[gpu], prec, "gemm"), []).append(i)
     factors = input_factors(df, data_dir)
     for (name, prec), f in factors.items():
-        rows = df["source"].astype(str).str.startswith(name).to_numpy() & (df["dtype"].map(gemm_precision) == prec).to_numpy()
+        rows = _rows_of(df, name, prec)
         time_s[rows] /= f
         notes.append(f"a100_h100/gemm.csv: {int(rows.sum())} {prec} rows of {name} timed x{1 / f:.3f}: brought to "
                      "random-normal inputs (gemm_inputs.csv)")
@@ -200,6 +200,11 @@ def gemm_samples(data_dir: Path = A100_H100_DATA) -> tuple[dict[tuple[str, str, 
     return {key: samples(v) for key, v in fit.items()}, {key: samples(v) for key, v in check.items()}, notes
 
 
+def _rows_of(gemm: Any, source: str, prec: str) -> np.ndarray:
+    """The rows of ``gemm.csv`` (a frame) measured by ``source`` in fit precision ``prec``."""
+    return (gemm["source"].astype(str).str.startswith(source) & (gemm["dtype"].map(gemm_precision) == prec)).to_numpy()
+
+
 def input_factors(gemm: Any, data_dir: Path = A100_H100_DATA) -> dict[tuple[str, str], float]:
     """Per (source, precision) of :data:`PREDICTABLE_INPUTS`, the rate a random-normal input reaches
     over the source's own at the shape both measured (``gemm_inputs.csv``: an A100 at 8192^3; 257 /
@@ -211,9 +216,9 @@ def input_factors(gemm: Any, data_dir: Path = A100_H100_DATA) -> dict[tuple[str,
     for name, (gpu, precs) in PREDICTABLE_INPUTS.items():
         for prec in precs:
             hit = None
+            mine = _rows_of(gemm, name, prec)
             for r in ref[ref["gpu"] == gpu].itertuples():
-                own = gemm[gemm["source"].astype(str).str.startswith(name) & (gemm["dtype"].map(gemm_precision) == prec)
-                           & (gemm["m"] == r.m) & (gemm["n"] == r.n) & (gemm["k"] == r.k)]
+                own = gemm[mine & ((gemm["m"] == r.m) & (gemm["n"] == r.n) & (gemm["k"] == r.k)).to_numpy()]
                 if len(own):
                     hit = float(r.tflops) / float(own["tflops"].iloc[0])
                     break
