@@ -229,7 +229,7 @@ def single_node_lines(single: pd.DataFrame, df: pd.DataFrame) -> list[str]:
 
 def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.DataFrame, spread: pd.DataFrame, eta: float, *,
                  quick: bool, minutes: float, extra: Sequence[str] = (), compiles: pd.DataFrame | None = None,
-                 single: pd.DataFrame | None = None, mbs: pd.DataFrame | None = None) -> None:
+                 single: pd.DataFrame | None = None, mbs: pd.DataFrame | None = None, probe: Sequence[str] = ()) -> None:
     """``out/README.md``: the verdict, where the simulation is right and where not and why, the BLOOM
     sweep, memory, the schedule pairs, the formula baseline, the floor and every row."""
     sim = df[(df["status"] == "simulated") & (df["ratio"] > 0)]
@@ -300,6 +300,7 @@ def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.D
         "",
         *(micro_batch_lines(mbs) if mbs is not None else []),
         *(single_node_lines(single, df) if single is not None and len(single) else []),
+        *probe,
         "## Memory per GPU",
         "",
         "torchtitan's figures are the allocator's peak reserved bytes (`torch.cuda.memory_stats`, reserved_bytes.all.peak: the",

@@ -14,7 +14,9 @@ to all the 16-bit rows it is compared on (:mod:`experiments._llm_figures`).
 
 Outputs under ``results/llm_accuracy/`` (``--quick``: a handful of rows into a scratch dir):
 ``rows.csv`` (every row: configuration, published, simulated, ratio, memory, OOM, the formula's
-figure, assumptions or the reason), ``summary.csv`` (every summary figure, simulation beside the
+figure, assumptions or the reason), ``h100_probe.csv`` and ``h100_probe_classes.csv`` (the
+simulator's units beside this project's own measurements of them on one H100:
+:mod:`experiments._llm_probe`), ``summary.csv`` (every summary figure, simulation beside the
 formula, against its goal), ``predicted_vs_published.png`` and a README written from them
 (:mod:`experiments._llm_report`).  Every row with a published time is also re-run under one
 in-situ factor (``costs.in_situ``) estimated from the other sources' rows, never its own
@@ -34,6 +36,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._llm_in_situ import held_out_factors, in_situ_columns, rerun_rows
+from experiments._llm_probe import attention_table, class_table, probe_lines, probe_table, sustained_summary
 from experiments._llm_figures import convention_flops, convention_key, figure_flops, formula_ideal, time_of_figure
 from experiments._llm_report import plot, write_readme
 from experiments._llm_rows import SINGLE_NODE, RowJob, load_rows, row_job
@@ -178,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(single, out / "single_node.csv")
     if len(mbs):
         write_csv(mbs, out / "micro_batch_pairs.csv")
+    probe_units, probe_classes, probe_attention = probe_table(), class_table(), attention_table()
+    write_csv(probe_units, out / "h100_probe.csv")
+    write_csv(probe_classes, out / "h100_probe_classes.csv")
     plot(df, out / "predicted_vs_published.png")
-    write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, single=single, mbs=mbs, quick=a.quick, minutes=(time.perf_counter() - t0) / 60, extra=a.override)
+    write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, single=single, mbs=mbs, quick=a.quick, minutes=(time.perf_counter() - t0) / 60,
+                 extra=a.override, probe=probe_lines(probe_units, probe_classes, probe_attention, sustained_summary()))
     print_table(df.to_dict("records"), ["row_id", "published_kind", "published", "simulated", "ratio", "formula_ratio", "status"],
                 title="simulated / published (ratio: of iteration times)")
     print_table(summary.to_dict("records"), ["figure", "scope", "simulation", "formula", "in_situ", "goal", "verdict"], title="summary")

@@ -67,11 +67,16 @@ def test_compiled_multi_head_blocks_are_the_fused_ones_and_gqa_adds_only_repeat_
 
 
 def test_layernorm_and_gelu_are_one_aten_kernel_eager_or_not():
+    """Eager or fused, a LayerNorm and a GeLU are one kernel each way; eager code's separate Q, K and
+    V projections add only the two sums of their input gradients (a gated MLP's gate and up one)."""
     gpt = {k: TransformerSpec("gpt", 2, H, 8, 8, 4 * H, False, S, 32000, True, kernels=k, position="learned", norm="layernorm")
            for k in ("fused", "eager")}
     a, e = work(gpt["fused"]), work(gpt["eager"])
+    T = 2 * S
     for phase in PHASE_NAMES:
-        assert mem_bytes(getattr(a, phase)) == mem_bytes(getattr(e, phase))
+        extra = 2 * 3 * T * H * 2 if phase == "bwd_input" else 0
+        assert mem_bytes(getattr(e, phase)) - mem_bytes(getattr(a, phase)) == extra
+    assert len(e.bwd_input) - len(a.bwd_input) == 2
     assert a.stored_bytes == e.stored_bytes
 
 
@@ -100,3 +105,22 @@ def test_torchtitans_loss_runs_eager_unless_it_is_compiled_with_the_model(t):
 
 def test_a_misspelt_style_is_one_line():
     refused(lambda: LLMModel(kernels="inductor"), "model.kernels", "fused", "eager", "compiled_blocks", kind=ModelConfigError)
+
+
+def test_casts_up_to_fp32_and_log_softmax_are_charged_as_an_h100_measured_them():
+    """An up-cast moves its bytes at UPCAST_RATE of a copy's rate and log_softmax reads a row three
+    times: the committed probe measurements give both (the constants are those readings)."""
+    import pandas as pd
+
+    from harness.app.kernel_samples import A100_H100_DATA
+    from harness.core.llm import eager as ek
+
+    k = pd.read_csv(A100_H100_DATA / "h100_probe_kernels.csv")
+    rate = k[k["kernel"] == "memory"].groupby("name")["GBps"].mean()
+    assert ek.UPCAST_RATE == pytest.approx(rate["cast_bf16_fp32"] / rate["copy_fp32"], abs=5e-4)
+    # log_softmax's time at a copy's rate: (reads + 1) passes of its FP32 rows
+    passes = 2 * rate["copy_fp32"] / rate["log_softmax_fp32"]
+    assert round(passes) == ek.LOG_SOFTMAX_READS + 1
+    assert ek.upcast(2) == pytest.approx((2 + F32) / ek.UPCAST_RATE) and ek.upcast(4) == 2 * F32
+    assert ek.cross_entropy(2).fwd == (ek.upcast(2), (ek.LOG_SOFTMAX_READS + 1) * F32)
+    assert ek.rmsnorm(2, H).fwd[0] == ek.rope(2).fwd[0] == ek.rope(2).bwd[0] == ek.upcast(2)

@@ -293,3 +293,20 @@ def test_cnn_unit_times_come_from_the_layer_times(resnet, a100):
     assert full.stored_bytes == int(resnet.units[4].out_bytes * 2) and full.recompute_s == times[5].fwd_s
     assert times[5].boundary_bytes == int(resnet.units[5].out_bytes * 2)
     refused(lambda: unit_times(resnet, 0, Shard(tp=2), a100), "algo.tp=2", "no tensor-parallel split", kind=OptionError)
+
+
+def test_the_backward_sums_the_residual_streams_gradient_and_reduces_each_bias():
+    """Autograd adds the residual stream's two gradients at each residual (3 n h A bytes: two read,
+    one written); a biased linear layer's bias gradient is a column sum of its output gradient
+    (T x its local output width), a weight-gradient kernel."""
+    n_h = 2 * S * H  # b = 2 sequences through every kernel (no SP)
+    for bias in (False, True):
+        spec = TransformerSpec("gpt", 2, H, A_HEADS, A_HEADS, 4 * H, False, S, 51200, True, position="learned", norm="layernorm",
+                               linear_bias=bias)
+        for t in (1, 2):
+            w = unit_work(transformer_stack(spec, 64, "amp_bf16"), 1, Shard(tp=t, micro_batch=2))
+            mem = np.asarray(w.bwd_input.dims)[np.asarray(w.bwd_input.kind) == MEM, 0]
+            assert int((mem == 3 * n_h * 2).sum()) == 2
+            wmem = np.asarray(w.bwd_weight.dims)[np.asarray(w.bwd_weight.kind) == MEM, 0]
+            widths = [3 * H // t, H, 4 * H // t, H]   # QKV and fc1 column-parallel, proj and fc2 whole
+            assert sorted(wmem.tolist()) == (sorted(2 * S * x * 2 for x in widths) if bias else [])

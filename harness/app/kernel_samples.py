@@ -70,6 +70,64 @@ PREDICTABLE_INPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+#: this project's own GEMMs (``python -m harness.block_probe`` on a lent H100 SXM5 80 GB, 700 W;
+#: ``h100_probe_ops.csv``, ``h100_probe_kernels.csv``), an H100 source beside the published ones
+PROBE_SOURCE = "this project: python -m harness.block_probe"
+#: the probe's dtype names as ``gemm.csv`` spells them
+PROBE_DTYPES = {"bfloat16": "bf16", "float8": "fp8_e4m3fn"}
+
+
+def _probe_frame(g: Any, dtype: Any, what: str, role: str, data_dir: Path) -> Any:
+    """Probe GEMMs ``g`` (columns m, n, k, mean seconds, size) as rows of ``gemm.csv`` plus ``role``."""
+    import pandas as pd
+
+    flops = 2.0 * g["m"] * g["n"] * g["k"]
+    return pd.DataFrame({
+        "gpu": "H100", "gpu_variant": "SXM", "dtype": dtype, "batch": 1, "m": g["m"], "n": g["n"], "k": g["k"],
+        "tflops": flops / g["mean"] / 1e12, "time_us": g["mean"] * 1e6, "source": f"{PROBE_SOURCE} ({what})",
+        "locator": str(Path(data_dir).name), "how_measured": "MEASURED: mean of " + g["size"].astype(str) + " timings",
+        "software": "torch 2.11.0+cu130", "notes": "H100 80GB HBM3, 700 W", "role": role,
+    })
+
+
+def probe_gemm_rows(data_dir: Path = A100_H100_DATA) -> Any:
+    """The probe's GEMMs as rows of ``gemm.csv`` with a ``role``, one per (precision, m, n, k), its
+    time the mean over every timing of that shape (both runs, every layer and pass of that shape):
+
+    * ``fit``: BF16 GEMMs *in situ* - ``aten::mm`` / ``aten::addmm`` self device time per call
+      inside the probed forward and forward + backward passes (``h100_probe_ops.csv``), between
+      the step's other kernels, as the simulator runs them;
+    * ``check``: the same shapes *isolated* (``h100_probe_kernels.csv``: back to back, 20 calls
+      after 3 warm-ups, random-normal operands; FP8 as ``torch._scaled_mm`` with tensor-wise
+      scales): a loop of GEMMs alone holds the power limit longer, and runs about 5 % slower
+      than the same GEMM inside a step (``h100_probe`` in docs/gpu_costs.md).
+
+    Empty where the files are absent."""
+    import json
+
+    import pandas as pd
+
+    ops_path, ker_path = Path(data_dir) / "h100_probe_ops.csv", Path(data_dir) / "h100_probe_kernels.csv"
+    parts = []
+    if ops_path.exists():
+        o = _read(ops_path.name, data_dir)
+        o = o[o["op"].isin(["aten::mm", "aten::addmm"])]
+        dims = []
+        for op, shapes in zip(o["op"], o["input_shapes"]):
+            sh = json.loads(shapes)[1:] if op == "aten::addmm" else json.loads(shapes)
+            dims.append((sh[0][0], sh[1][1], sh[0][1]))
+        o = o.assign(m=[d[0] for d in dims], n=[d[1] for d in dims], k=[d[2] for d in dims], t=o["self_us"] / o["calls"] * 1e-6)
+        g = o.groupby(["m", "n", "k"], sort=True)["t"].agg(["mean", "size"]).reset_index()
+        parts.append(_probe_frame(g, "bf16", "in situ, h100_probe_ops.csv", "fit", data_dir))
+    if ker_path.exists():
+        k = _read(ker_path.name, data_dir)
+        k = k[(k["kernel"] == "gemm") & k["dtype"].isin(list(PROBE_DTYPES))]
+        for dt, part in k.groupby("dtype", sort=True):
+            g = part.groupby(["m", "n", "k"], sort=True)["median_s"].agg(["mean", "size"]).reset_index()
+            parts.append(_probe_frame(g, PROBE_DTYPES[str(dt)], "isolated, h100_probe_kernels.csv", "check", data_dir))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 class SampleError(UserError, ValueError):
     """A measurement file is missing or malformed."""
 
@@ -156,8 +214,16 @@ def gemm_precision(dtype: str) -> str:
 def gemm_samples(data_dir: Path = A100_H100_DATA) -> tuple[dict[tuple[str, str, str], Samples], dict[tuple[str, str, str], Samples],
                                                            list[str]]:
     """(fitted samples, check samples, notes) per (family, precision, "gemm")."""
+    import pandas as pd
+
     df = _read("gemm.csv", data_dir)
+    probe = probe_gemm_rows(data_dir)
     notes: list[str] = []
+    if len(probe):
+        df = pd.concat([df, probe], ignore_index=True)
+        fitted = int((probe["role"] == "fit").sum())
+        notes.append(f"a100_h100/h100_probe_*.csv: {fitted} H100 GEMM shapes this project measured in situ fitted beside gemm.csv, "
+                     f"{len(probe) - fitted} isolated ones checked")
     m, n, k, b = (df[c].to_numpy(np.float64) for c in ("m", "n", "k", "batch"))
     has_dims = np.isfinite(m) & np.isfinite(n) & np.isfinite(k)
     if (~has_dims).any():
@@ -173,7 +239,9 @@ def gemm_samples(data_dir: Path = A100_H100_DATA) -> tuple[dict[tuple[str, str, 
         if not has_dims[i]:
             continue
         gpu, variant, prec = str(row.gpu), str(row.gpu_variant), gemm_precision(row.dtype)
-        if gpu in CHECK_GPUS:
+        if getattr(row, "role", "fit") == "check":
+            check.setdefault((FAMILY[gpu], prec, "gemm"), []).append(i)
+        elif gpu in CHECK_GPUS:
             check.setdefault((CHECK_GPUS[gpu], prec, "gemm"), []).append(i)
         elif gpu not in FAMILY:
             notes.append(f"a100_h100/gemm.csv row {i}: GPU {gpu} is not an A100 or H100 board: left out")
@@ -287,10 +355,34 @@ def memory_rows(data_dir: Path = A100_H100_DATA) -> tuple[dict[str, MemoryRows],
         item = (float(row.value) / bw, bw, label, source_name(row.source))
         (fit if str(row.kernel) in STREAM_FITTED else check).setdefault(MEMORY_FAMILY[gpu], []).append(item)
 
+    for name, frac, bw in probe_memory_rows(data_dir):
+        item = (frac, bw, f"H100 SXM5 probe {name} {frac * bw:.0f} GB/s", source_name(PROBE_SOURCE))
+        (fit if name.split("_")[0] in PROBE_STREAM else check).setdefault("H100", []).append(item)
+
     def rows(v: list[tuple[float, float, str, str]]) -> MemoryRows:
         return MemoryRows(np.array([r[0] for r in v]), np.array([r[1] for r in v]), [r[2] for r in v], [r[3] for r in v])
 
     return {k: rows(v) for k, v in fit.items()}, {k: rows(v) for k, v in check.items()}
+
+
+#: the probe's memory-bound kernels that are STREAM's (read and write, no arithmetic beyond a
+#: multiply-add): fitted as gpu-stream's are; its other memory-bound kernels are checks
+PROBE_STREAM = ("copy", "scale", "add", "triad")
+#: the H100 SXM5's datasheet bandwidth (conf/cluster/device/h100_sxm5.yaml), the probe's board
+PROBE_BW_GBPS = 3350.0
+
+
+def probe_memory_rows(data_dir: Path = A100_H100_DATA) -> list[tuple[str, float, float]]:
+    """(kernel, fraction of the datasheet bandwidth, that bandwidth) of every memory-bound kernel
+    the probe timed on its H100 SXM5 (``h100_probe_kernels.csv``, kernel=memory: the bytes each
+    must move over its median time, averaged over runs); none where the file is absent."""
+    path = Path(data_dir) / "h100_probe_kernels.csv"
+    if not path.exists():
+        return []
+    k = _read(path.name, data_dir)
+    k = k[k["kernel"] == "memory"]
+    rate = k.groupby("name", sort=True)["GBps"].mean()
+    return [(str(n), float(v) / PROBE_BW_GBPS, PROBE_BW_GBPS) for n, v in rate.items()]
 
 
 def launch_intervals(data_dir: Path = A100_H100_DATA) -> dict[str, dict[str, Any]]:

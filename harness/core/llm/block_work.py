@@ -34,8 +34,13 @@ copy and the final norm eager, ``compiled_blocks`` with its loss eager too
 (:mod:`harness.core.llm.eager`).
 
 Backward: each GEMM's input gradient (``bwd_input``) and weight gradient (``bwd_weight``, the
-zero-bubble schedules' W), the attention backward (2.5x its forward, input side), the
-memory-bound rows' gradients.  Recompute: selective re-runs the attention core forward, full the
+zero-bubble schedules' W; with biases, each bias's gradient too, a column sum of the output
+gradient as Megatron-LM's and PyTorch's linear backward compute it), the attention backward
+(2.5x its forward, input side), the memory-bound rows' gradients, and the sums autograd adds
+where a tensor feeds two consumers: the residual stream's gradient at each residual (through
+the skip and through the branch) and, in eager mode, torchtitan's separate Q / K / V and gate /
+up projections' input gradients (kernel counts a profiled H100 step shows:
+``harness/data/gpu/a100_h100/h100_probe_ops.csv``).  Recompute: selective re-runs the attention core forward, full the
 whole forward (collectives included), ``op`` (torchtitan's per-op selective checkpointing, dense
 blocks) every memory-bound kernel, every second ``mm`` of :func:`harness.core.llm.flops.op_recomputed`
 and the forward collectives but the reduce-scatters, keeping the block's input, the other
@@ -200,10 +205,12 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     ph = Phases(L.math, L.fp8, A)
     linear_rows: set[int] = set()   # forward rows of the weight matmuls (recompute=op re-runs its own choice of them)
 
-    def block_linear(m: int, n_out: int, k: int, input_elements: int | None = None) -> None:
+    def block_linear(m: int, n_out: int, k: int, input_elements: int | None = None, bias: bool = False) -> None:
         start = len(ph.rows["fwd"])
         ph.block_linear(m, n_out, k, input_elements=input_elements)
         linear_rows.update(range(start, len(ph.rows["fwd"])))
+        if bias:   # the bias gradient: a column sum of the output gradient (its forward add rides the GEMM or the next kernel)
+            ph.add("bwd_weight", MEM, (m * n_out * A,), 0)
     Q = FP8_BYTES if L.fp8 else A        # bytes of a column-parallel layer's input element as it is all-gathered
     fwd_coll: list[tuple[str, str, int, int]] = []   # (op, group, forward bytes, backward bytes) in forward order
     drop = MASK_BYTES if spec.dropout else 0
@@ -230,11 +237,17 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
 
     def residual() -> None:
         ph.mem(3 * n * h * A + drop * n * h, (2 * n * h * A + n * h) if drop else 0)
+        ph.mem(0, 3 * n * h * A)   # the stream's gradient summed: through the skip and through the branch's norm
+
+    def shared_input(users: int) -> None:  # eager: separate projections of one input, their input gradients summed
+        for _ in range(users - 1 if eager else 0):
+            ph.mem(0, 3 * T * h * A)
 
     # --- attention
     norm()
     tp_in()
-    block_linear(T, L.ql + 2 * L.kvdl, h, input_elements=n * h)
+    block_linear(T, L.ql + 2 * L.kvdl, h, input_elements=n * h, bias=spec.linear_bias or spec.qkv_bias)
+    shared_input(3)
     if spec.position == "rope" and eager:
         ph.eager(ek.rope(A), T * L.ql)
         ph.eager(ek.rope(A), T * L.kvdl)
@@ -257,7 +270,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
         ph.matmul(L.b * L.hl, L.sq, L.d, L.s)
     core_fwd = ph.rows["fwd"][core_start["fwd"]:]
     core_rows = set(range(core_start["fwd"], len(ph.rows["fwd"])))
-    block_linear(T, h, L.ql)
+    block_linear(T, h, L.ql, bias=spec.linear_bias)
     tp_out()
     residual()
     # --- MLP or experts
@@ -266,12 +279,13 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     act_fwd, act_bwd = (3, 5) if spec.gated_mlp else (2, 3)
     if not moe:
         tp_in()
-        block_linear(T, L.fl * (mats - 1), h, input_elements=n * h)
+        block_linear(T, L.fl * (mats - 1), h, input_elements=n * h, bias=spec.linear_bias)
+        shared_input(mats - 1)
         if eager and spec.gated_mlp:
             ph.eager(ek.swiglu(A), T * L.fl)
         else:
             ph.mem(act_fwd * T * L.fl * A, act_bwd * T * L.fl * A)
-        block_linear(T, h, L.fl)
+        block_linear(T, h, L.fl, bias=spec.linear_bias)
         tp_out()
         Te = 0
     else:

@@ -20,15 +20,16 @@ the model by 2025 (``build_cross_entropy_loss``: ``kernels=compiled`` against ``
   their gradients summed back - in the eager and the compiled code alike (Inductor cannot fold
   the copy into the attention kernel);
 * SwiGLU ``silu(w1 x) * (w3 x)``: two kernels forward, three backward;
-* the loss over an FP32 copy of the logits: the cast, ``log_softmax`` (two reading passes and a
-  write), ``nll_loss``; backward ``nll_loss``'s dense gradient, ``log_softmax``'s, the cast back.
+* the loss over an FP32 copy of the logits: the cast, ``log_softmax`` (three reading passes and
+  a write: :data:`LOG_SOFTMAX_READS`), ``nll_loss``; backward ``nll_loss``'s dense gradient, ``log_softmax``'s, the cast back.
   Its FP32 log-probabilities are kept (as the fused loss keeps its FP32 softmax); at the peak of
   its backward two more FP32 copies of the logits are live (the fused loss: the 16-bit logits).
 
 A LayerNorm (``nn.LayerNorm``) and a GeLU are one ATen kernel each way, eager or not: only RMSNorm,
 RoPE, the gated activation, GQA's copy and the loss differ.  Bytes are per element of the tensor
 the step runs over (tokens x channels; a row-wise kernel's few bytes as its share of a row), ``A``
-the activation's bytes, FP32 4; a kernel's time is then the calibrated memory-bound model's
+the activation's bytes, FP32 4 (a cast up to FP32 charged over :data:`UPCAST_RATE`, the rate
+an H100 measured it at); a kernel's time is then the calibrated memory-bound model's
 (:meth:`harness.core.costs.CostModel.kernel_times`), its launch included.
 """
 
@@ -38,6 +39,22 @@ from dataclasses import dataclass
 
 #: bytes of an FP32 element
 F32 = 4
+#: the rate PyTorch's 16-bit-to-FP32 cast (``x.float()``) moves its bytes at, as a fraction of a
+#: plain FP32 copy's: 1,978 against 3,007 GB/s on an H100 SXM5 (``cast_bf16_fp32`` and
+#: ``copy_fp32`` of ``harness/data/gpu/a100_h100/h100_probe_kernels.csv``; the cast back runs at
+#: the copy's rate).  An up-cast is charged its bytes over this fraction; read as the kernel's
+#: own property on other GPUs (no other GPU measured it).
+UPCAST_RATE = 0.658
+#: reading passes ``log_softmax`` makes over an FP32 row of a vocabulary's width (the maximum, the
+#: sum of exponentials, the output): 3 reads and a write moved the measured time at a copy's rate
+#: (``log_softmax_fp32`` over 32,768-wide rows, 0.48 of its two passes' bytes at 3,350 GB/s, and
+#: 128,256-wide logits in a Llama 3 step, ``h100_probe_ops.csv``)
+LOG_SOFTMAX_READS = 3
+
+
+def upcast(A: int) -> float:
+    """Bytes charged per element to cast an ``A``-byte element to FP32 (:data:`UPCAST_RATE`)."""
+    return (A + F32) / UPCAST_RATE if A < F32 else float(A + F32)
 
 
 @dataclass(frozen=True)
@@ -53,15 +70,14 @@ class EagerStep:
 def rmsnorm(A: int, hidden: int) -> EagerStep:
     """torchtitan's eager RMSNorm over ``hidden`` channels (module docstring)."""
     row = 2 * F32 / hidden  # a kernel over one value per row (mean's result, + eps, rsqrt)
-    fwd = (A + F32, 2 * F32, F32 + row, row, row, 2 * F32 + row, F32 + A, 2 * A)
-    bwd = (2 * A, 3 * A, A, A + F32, 2 * F32 + row, 3 * F32, F32, row, row, F32 + row, 3 * F32, 3 * F32, F32 + A)
+    fwd = (upcast(A), 2 * F32, F32 + row, row, row, 2 * F32 + row, F32 + A, 2 * A)
+    bwd = (2 * A, 3 * A, A, upcast(A), 2 * F32 + row, 3 * F32, F32, row, row, F32 + row, 3 * F32, 3 * F32, F32 + A)
     return EagerStep(fwd, bwd, saved_extra=F32)
 
 
 def rope(A: int) -> EagerStep:
     """RoPE in complex FP32 over one of Q or K (module docstring)."""
-    three = (A + F32, 2 * F32, F32 + A)
-    return EagerStep(three, three, saved_extra=F32)
+    return EagerStep((upcast(A), 2 * F32, F32 + A), (upcast(A), 2 * F32, F32 + A), saved_extra=F32)
 
 
 def swiglu(A: int) -> EagerStep:
@@ -78,7 +94,7 @@ def repeat_kv(A: int, group: int) -> EagerStep:
 
 def cross_entropy(A: int) -> EagerStep:
     """The loss over an FP32 copy of the logits, per logit (module docstring)."""
-    return EagerStep((A + F32, 3 * F32), (F32, 3 * F32, F32 + A))
+    return EagerStep((upcast(A), (LOG_SOFTMAX_READS + 1) * F32), (F32, 3 * F32, F32 + A))
 
 
 def loss_transient(A: int, eager: bool) -> int:

@@ -1,0 +1,555 @@
+"""GPU probe: a decoder's training step and its kernels timed on a real GPU, for checking the
+simulator's per-unit costs against the machine (``llm_accuracy``'s single-GPU check).
+
+``python -m harness.block_probe --out DIR`` (a CUDA GPU; ``--device cpu --tiny`` runs the same
+code at toy sizes).  Needs ``torch`` alone, so that it runs on a bare GPU machine.  For each
+shape of :data:`harness.app.probe_model.SHAPES` it writes, as each part finishes:
+
+* ``units.csv``: a block's forward and forward + backward (the median over ``reps`` runs of the
+  whole ``layers``-block stack, divided by ``layers``), the head's (final norm, logits, FP32
+  loss) and the embedding's - the simulator's ``UnitCost.fwd_s`` and ``bwd`` phases;
+* ``ops.csv``: ``torch.profiler``'s self device time per ATen operator and input shapes over one
+  forward and one forward + backward of the stack and of the head, after warm-up: each kernel
+  *in situ*, between its neighbours in a step;
+* ``kernels.csv``: the same GEMMs (forward, input gradient, weight gradient, as autograd calls
+  them; FP8 too for ``llama``, on an FP8 GPU), the attention kernel (forward, forward + backward) and AdamW over FP32 master weights
+  (``foreach`` and ``fused``), each *isolated*, repeated back to back on the same operands;
+* ``units.csv`` and ``ops.csv`` rows ``block_flash`` with ``--flash SHAPE``: the block with SDPA
+  held to FlashAttention-2;
+* ``units.csv`` rows ``block_compiled`` with ``--compile SHAPE``: the blocks under ``torch.compile``;
+* ``kernels.csv`` memory rows with ``--memory-elements N`` (run first): memory-bound kernels over
+  ``N`` elements with the bytes each must move (:func:`memory_ops`) and the rate that gives;
+* ``sustained_block.csv`` with ``--sustain-block-s`` (run first, from an idle GPU): the first
+  shape's block run back to back, timed per window, with the clocks: the same work at first and
+  once the GPU has settled at its power limit and temperature (the parts after it then run on
+  the settled GPU);
+* ``sustained.csv``: an 8192^3 GEMM's rate at first and after ``--sustain-s`` seconds of
+  back-to-back GEMMs, with the SM clock and power ``nvidia-smi`` reads at each end (does the
+  clock drop under a step's sustained load?);
+* ``env.json``: the GPU, driver, power limit, clocks, torch and CUDA versions.
+
+Times are ``torch.cuda.Event`` pairs around each call after ``warmup`` calls (``perf_counter``
+on the CPU), reported as median and minimum.  Operands are seeded normal values (random inputs:
+a GEMM on zeros runs faster, see ``harness/data/gpu/a100_h100/README.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from harness.app.probe_model import SHAPES, TINY, Embed, Head, ProbeShape, Stack, init_, rope_table
+
+SMI_FIELDS = "name,driver_version,power.limit,power.max_limit,clocks.max.sm,clocks.max.mem,memory.total"
+SMI_LIVE = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+
+
+def smi(fields: str) -> str:
+    """One line of ``nvidia-smi --query-gpu=fields`` ('' where there is none)."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def env_info(device: torch.device) -> dict[str, Any]:
+    """What the numbers were measured on."""
+    info: dict[str, Any] = {"date": _dt.date.today().isoformat(), "torch": torch.__version__, "device": str(device)}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(gpu=p.name, sm_count=p.multi_processor_count, mem_GiB=round(p.total_memory / 2**30, 2),
+                    capability=f"{p.major}.{p.minor}", cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                    nvidia_smi={"fields": SMI_FIELDS, "values": smi(SMI_FIELDS)})
+    return info
+
+
+def timer(device: torch.device) -> Callable[[Callable[[], Any], int, int], list[float]]:
+    """``measure(fn, warmup, reps)``: seconds of each of ``reps`` calls of ``fn`` after ``warmup``."""
+
+    def measure(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
+        for _ in range(warmup):
+            fn()
+        if device.type != "cuda":
+            out = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+            return out
+        torch.cuda.synchronize(device)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for a, b in ev:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize(device)
+        return [a.elapsed_time(b) / 1e3 for a, b in ev]
+
+    return measure
+
+
+def stats(ts: Sequence[float], per: float = 1.0) -> dict[str, float]:
+    return {"median_s": statistics.median(ts) / per, "min_s": min(ts) / per, "reps": len(ts)}
+
+
+class Writer:
+    """CSV files under ``out``, each rewritten whole as rows arrive (nothing measured is lost)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+
+    def add(self, name: str, rows: Iterable[dict[str, Any]]) -> None:
+        rs = self.rows.setdefault(name, [])
+        rs.extend(rows)
+        keys: list[str] = []
+        for r in rs:
+            keys += [k for k in r if k not in keys]
+        with open(self.out / name, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rs)
+
+
+def _parts(s: ProbeShape, device: torch.device, dtype: torch.dtype, seed: int) -> dict[str, Any]:
+    """The stack, head and embedding in ``dtype`` on ``device`` with seeded inputs."""
+    with torch.device(device):
+        stack, head, embed = Stack(s), Head(s), Embed(s)
+    for i, m in enumerate((stack, head, embed)):
+        init_(m, seed + 1000 * i).to(dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(s.batch, s.seq, s.hidden, device=device, dtype=dtype, generator=g).requires_grad_(True)
+    gy = torch.randn(s.batch, s.seq, s.hidden, device=device, dtype=dtype, generator=g)
+    ids = torch.randint(0, s.vocab, (s.batch, s.seq), device=device, generator=g)
+    table = rope_table(s.seq, s.head_dim, device) if s.family == "llama" else None
+    return {"stack": stack, "head": head, "embed": embed, "x": x, "gy": gy, "ids": ids, "table": table}
+
+
+def _steps(s: ProbeShape, p: dict[str, Any]) -> dict[tuple[str, str], Callable[[], Any]]:
+    """Per (unit, pass) a callable running it once; grads set to None first (no accumulation)."""
+    stack, head, embed, x, gy, ids, table = (p[k] for k in ("stack", "head", "embed", "x", "gy", "ids", "table"))
+
+    def stack_fb() -> None:
+        stack.zero_grad(set_to_none=True)
+        x.grad = None
+        stack(x, table).backward(gy)
+
+    def head_fb() -> None:
+        head.zero_grad(set_to_none=True)
+        x.grad = None
+        head(x, ids).backward()
+
+    def embed_fb() -> None:
+        embed.zero_grad(set_to_none=True)
+        embed(ids).backward(gy)
+
+    return {("block", "forward"): lambda: stack(x, table), ("block", "forward_backward"): stack_fb,
+            ("head", "forward"): lambda: head(x, ids), ("head", "forward_backward"): head_fb,
+            ("embedding", "forward"): lambda: embed(ids), ("embedding", "forward_backward"): embed_fb}
+
+
+def time_units(s: ProbeShape, steps: dict[tuple[str, str], Callable[[], Any]], device: torch.device, measure: Any, warmup: int,
+               reps: int) -> list[dict[str, Any]]:
+    """``units.csv`` rows: each (unit, pass) per block (the stack over ``layers``) or per call,
+    with its memory (:func:`memory`) and the clocks and power just after."""
+    rows = []
+    for (unit, phase), fn in steps.items():
+        per = s.layers if unit == "block" else 1
+        st = stats(measure(fn, warmup, reps), per)
+        rows.append({"shape": s.name, "unit": unit, "pass": phase, **st, **memory(fn, device, per),
+                     "smi_fields": SMI_LIVE, "smi": smi(SMI_LIVE) if device.type == "cuda" else ""})
+    return rows
+
+
+def memory(fn: Callable[[], Any], device: torch.device, per: int) -> dict[str, float]:
+    """Bytes one call of ``fn`` leaves allocated (a forward: what it keeps for the backward) and
+    its peak above what was allocated before, per block (``per``); NaN off CUDA."""
+    if device.type != "cuda":
+        return {"kept_bytes": float("nan"), "peak_bytes": float("nan")}
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    res = fn()
+    torch.cuda.synchronize(device)
+    kept = torch.cuda.memory_allocated(device) - before
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del res
+    return {"kept_bytes": kept / per, "peak_bytes": peak / per}
+
+
+def profile_ops(s: ProbeShape, steps: dict[tuple[str, str], Callable[[], Any]], device: torch.device) -> list[dict[str, Any]]:
+    """``ops.csv`` rows: self device (CPU: self CPU) time per operator and input shapes over one
+    call of the block and head passes (warmed up by :func:`time_units`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    rows = []
+    for (unit, phase), fn in steps.items():
+        if unit == "embedding":
+            continue
+        fn()
+        with profile(activities=acts, record_shapes=True) as prof:
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        for e in prof.key_averages(group_by_input_shape=True):
+            dev = getattr(e, "self_device_time_total", None)
+            if dev is None:
+                dev = getattr(e, "self_cuda_time_total", 0.0)
+            self_us = float(dev) if device.type == "cuda" else float(e.self_cpu_time_total)
+            if self_us <= 0:
+                continue
+            rows.append({"shape": s.name, "unit": unit, "pass": phase, "layers": s.layers if unit == "block" else 1, "op": e.key,
+                         "input_shapes": json.dumps(e.input_shapes), "calls": e.count, "self_us": self_us})
+    return rows
+
+
+def time_flash(s: ProbeShape, device: torch.device, dtype: torch.dtype, measure: Any, warmup: int, reps: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``units.csv`` and ``ops.csv`` rows of unit ``block_flash``: the block with SDPA held to its
+    FlashAttention-2 backend (PyTorch's default on Hopper before cuDNN's became it)."""
+    p = _parts(s, device, dtype, seed)
+    steps = _steps(s, p)
+    block = {k: v for k, v in steps.items() if k[0] == "block"}
+    with backend_ctx("flash" if device.type == "cuda" else "default"):
+        units = [dict(r, unit="block_flash") for r in time_units(s, block, device, measure, warmup, reps)]
+        ops = [dict(r, unit="block_flash") for r in profile_ops(s, block, device)]
+    return units, ops
+
+
+def time_compiled(s: ProbeShape, device: torch.device, dtype: torch.dtype, measure: Any, warmup: int, reps: int, seed: int) -> list[dict[str, Any]]:
+    """``units.csv`` rows of unit ``block_compiled``: the stack with each block under
+    ``torch.compile`` (one graph per block, the loss and the head left eager), the compile
+    itself in the warm-up."""
+    p = _parts(s, device, dtype, seed)
+    stack, x, gy, table = p["stack"], p["x"], p["gy"], p["table"]
+    t0 = time.perf_counter()
+    for i, blk in enumerate(stack.blocks):
+        stack.blocks[i] = torch.compile(blk)
+
+    def fb() -> None:
+        stack.zero_grad(set_to_none=True)
+        x.grad = None
+        stack(x, table).backward(gy)
+
+    fb()
+    compile_s = time.perf_counter() - t0
+    rows = []
+    for phase, fn in (("forward", lambda: stack(x, table)), ("forward_backward", fb)):
+        rows.append({"shape": s.name, "unit": "block_compiled", "pass": phase, **stats(measure(fn, warmup, reps), s.layers),
+                     **memory(fn, device, s.layers), "smi_fields": SMI_LIVE, "smi": smi(SMI_LIVE) if device.type == "cuda" else "",
+                     "compile_s": compile_s})
+    return rows
+
+
+def sustained_block(s: ProbeShape, device: torch.device, seconds: float, window_s: float, seed: int, w: "Writer") -> None:
+    """``sustained_block.csv``: the block's forward + backward run back to back for ``seconds``,
+    one row per ``window_s`` window (the median call over ``layers``, the clocks, power and
+    temperature at its end), written as each window closes: how much slower the same work runs
+    once the GPU has settled at its power limit and temperature."""
+    p = _parts(s, device, torch.bfloat16, seed)
+    fb = _steps(s, p)[("block", "forward_backward")]
+    measure = timer(device)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        ts: list[float] = []
+        start = time.perf_counter()
+        while time.perf_counter() - start < window_s:
+            ts += measure(fb, 0, 5)
+        w.add("sustained_block.csv", [{"shape": s.name, "after_s": round(time.perf_counter() - t0, 1), **stats(ts, s.layers),
+                                       "smi_fields": SMI_LIVE, "smi": smi(SMI_LIVE) if device.type == "cuda" else ""}])
+
+
+def linears(s: ProbeShape) -> list[tuple[str, int, int]]:
+    """(name, in, out) of every GEMM of a block and the head's logits."""
+    kv = s.kv_heads * s.head_dim
+    out = [("wq", s.hidden, s.hidden), ("wk", s.hidden, kv), ("wv", s.hidden, kv), ("wo", s.hidden, s.hidden), ("w1", s.hidden, s.ffn)]
+    if s.family == "llama":
+        out.append(("w3", s.hidden, s.ffn))
+    return out + [("w2", s.ffn, s.hidden), ("logits", s.hidden, s.vocab)]
+
+
+def time_gemms(s: ProbeShape, device: torch.device, dtype: torch.dtype, measure: Any, warmup: int, reps: int, seed: int) -> list[dict[str, Any]]:
+    """``kernels.csv`` GEMM rows: forward ``x W^T``, input gradient ``dy W``, weight gradient
+    ``dy^T x`` of every linear layer, isolated, with the operand layouts autograd uses."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    m = s.tokens
+    for name, k, n in linears(s):
+        x = torch.randn(m, k, device=device, dtype=dtype, generator=g)
+        w = torch.randn(n, k, device=device, dtype=dtype, generator=g)
+        dy = torch.randn(m, n, device=device, dtype=dtype, generator=g)
+        calls = {"forward": (lambda: F.linear(x, w), m, n, k), "bwd_input": (lambda: dy.mm(w), m, k, n),
+                 "bwd_weight": (lambda: dy.t().mm(x), n, k, m)}
+        for phase, (fn, mm, nn_, kk) in calls.items():
+            st = stats(measure(fn, warmup, reps))
+            rows.append({"shape": s.name, "kernel": "gemm", "name": name, "pass": phase, "m": mm, "n": nn_, "k": kk, "dtype": str(dtype).split(".")[-1],
+                         **st, "tflops": 2.0 * mm * nn_ * kk / st["median_s"] / 1e12})
+    return rows
+
+
+def time_fp8_gemms(s: ProbeShape, device: torch.device, measure: Any, warmup: int, reps: int, seed: int) -> list[dict[str, Any]]:
+    """``kernels.csv`` FP8 GEMM rows (``torch._scaled_mm``, tensor-wise scales, BF16 output) of
+    every linear layer, as the Float8 training recipe calls them: E4M3 activations and weights,
+    E5M2 output gradients; the forward with fast accumulation, the gradients without (its
+    default).  Operands are made in the layouts the kernel needs before timing (the casts and
+    transposes the recipe adds are memory-bound kernels of their own).  Nothing where the GPU or
+    build has no FP8 GEMM."""
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm") or torch.cuda.get_device_capability(device) < (8, 9):
+        return []
+    g = torch.Generator(device=device).manual_seed(seed)
+    one = torch.ones((), device=device)
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    rows = []
+    m = s.tokens
+
+    def col(t: torch.Tensor) -> torch.Tensor:  # the same matrix, column-major
+        return t.t().contiguous().t()
+
+    for name, k, n in linears(s):
+        x = torch.randn(m, k, device=device, generator=g).to(e4)
+        w = torch.randn(n, k, device=device, generator=g).to(e4)
+        dy = torch.randn(m, n, device=device, generator=g).to(e5)
+        calls = {"forward": (x, w.t(), True, m, n, k), "bwd_input": (dy, col(w.float()).to(e4), False, m, k, n),
+                 "bwd_weight": (dy.t().contiguous(), col(x.float()).to(e4), False, n, k, m)}
+        for phase, (a, b, fast, mm, nn_, kk) in calls.items():
+            try:
+                st = stats(measure(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, use_fast_accum=fast), warmup, reps))
+            except RuntimeError as e:
+                print(f"{s.name}: fp8 {name} {phase}: {str(e).splitlines()[0][:120]}", flush=True)
+                continue
+            rows.append({"shape": s.name, "kernel": "gemm", "name": name, "pass": phase, "m": mm, "n": nn_, "k": kk, "dtype": "float8",
+                         **st, "tflops": 2.0 * mm * nn_ * kk / st["median_s"] / 1e12})
+    return rows
+
+
+def time_attention(s: ProbeShape, device: torch.device, dtype: torch.dtype, measure: Any, warmup: int, reps: int, seed: int) -> list[dict[str, Any]]:
+    """``kernels.csv`` attention rows: causal SDPA forward and forward + backward, isolated, on
+    the block's layout (queries, keys and values transposed views of (batch, seq, heads, dim))."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    shape = (s.batch, s.seq, s.heads, s.head_dim)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=g).transpose(1, 2).requires_grad_(True) for _ in range(3))
+    do = torch.randn(s.batch, s.heads, s.seq, s.head_dim, device=device, dtype=dtype, generator=g)
+
+    def fb() -> None:
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+
+    flops = 4.0 * s.batch * s.heads * s.seq * s.seq * s.head_dim / 2  # causal: half the scores
+    rows = []
+    for backend in ("default", "flash", "cudnn") if device.type == "cuda" else ("default",):
+        for phase, fn, mult in (("forward", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 1.0), ("forward_backward", fb, 3.5)):
+            try:
+                with backend_ctx(backend):
+                    st = stats(measure(fn, warmup, reps))
+            except RuntimeError as e:  # a backend this build or GPU lacks: say so, go on
+                print(f"{s.name}: attention {backend} {phase}: {str(e).splitlines()[0][:120]}", flush=True)
+                continue
+            rows.append({"shape": s.name, "kernel": "attention", "name": f"sdpa_causal_{backend}", "pass": phase, "m": s.seq, "n": s.seq,
+                         "k": s.head_dim, "dtype": str(dtype).split(".")[-1], **st, "tflops": mult * flops / st["median_s"] / 1e12})
+    return rows
+
+
+def backend_ctx(backend: str) -> Any:
+    """A context that restricts SDPA to ``backend`` (``default``: PyTorch's own choice)."""
+    import contextlib
+
+    if backend == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend])
+
+
+def time_optimizer(s: ProbeShape, device: torch.device, measure: Any, warmup: int, reps: int) -> list[dict[str, Any]]:
+    """``kernels.csv`` optimizer rows: one AdamW step over FP32 master weights shaped like one
+    block's parameters (with FP32 gradients), ``foreach`` and ``fused``."""
+    shapes = [(o, i) for _, i, o in linears(s)[:-1]] + [(s.hidden,), (s.hidden,)]
+    params = [torch.nn.Parameter(torch.zeros(sh, device=device)) for sh in shapes]
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    elements = sum(p.numel() for p in params)
+    rows = []
+    for impl in ("foreach", "fused"):
+        if impl == "fused" and device.type == "cpu" and not hasattr(torch, "_fused_adamw_"):
+            continue
+        opt = torch.optim.AdamW(params, lr=1e-4, **{impl: True})
+        st = stats(measure(opt.step, warmup, reps))
+        rows.append({"shape": s.name, "kernel": "adamw", "name": impl, "pass": "step", "m": elements, "n": 1, "k": 1, "dtype": "float32", **st,
+                     "tflops": float("nan")})
+        del opt
+    return rows
+
+
+def memory_ops(n: int, device: torch.device, g: torch.Generator) -> list[tuple[str, Callable[[], Any], float]]:
+    """(name, call, bytes read + written) of the memory-bound kernels a training step runs, over
+    ``n`` elements: STREAM's copy / scale / add / triad in BF16 and FP32, the casts, the
+    activations, the norms' pieces, a row reduction and the bias gradient's column sum, stores
+    alone (``fill``) and loads alone (``sum``), the loss's log-softmax forward and backward."""
+    bf, f32 = torch.bfloat16, torch.float32
+
+    def t(dtype: torch.dtype, shape: tuple[int, ...] = (n,)) -> torch.Tensor:
+        return torch.randn(shape, device=device, dtype=f32, generator=g).to(dtype)
+
+    a16, b16, c16 = t(bf), t(bf), t(bf)
+    a32, b32, c32 = t(f32), t(f32), t(f32)
+    rows, h = n // 4096, 4096
+    x16, x32 = a16.view(rows, h), a32.view(rows, h)
+    w, bias = t(bf, (h,)), t(bf, (h,))
+    vocab = 32768
+    lg = a32[: (n // vocab) * vocab].view(-1, vocab)
+    ls = torch.log_softmax(lg, -1)
+    B, F = 2, 4
+    return [
+        ("copy_bf16", lambda: b16.copy_(a16), 2 * B * n), ("copy_fp32", lambda: b32.copy_(a32), 2 * F * n),
+        ("scale_bf16", lambda: torch.mul(a16, 3.0, out=b16), 2 * B * n), ("scale_fp32", lambda: torch.mul(a32, 3.0, out=b32), 2 * F * n),
+        ("add_bf16", lambda: torch.add(a16, b16, out=c16), 3 * B * n), ("add_fp32", lambda: torch.add(a32, b32, out=c32), 3 * F * n),
+        ("triad_bf16", lambda: torch.add(a16, b16, alpha=3.0, out=c16), 3 * B * n),
+        ("triad_fp32", lambda: torch.add(a32, b32, alpha=3.0, out=c32), 3 * F * n),
+        ("cast_bf16_fp32", lambda: b32.copy_(a16), (B + F) * n), ("cast_fp32_bf16", lambda: b16.copy_(a32), (B + F) * n),
+        ("silu_bf16", lambda: torch.nn.functional.silu(a16), 2 * B * n), ("gelu_bf16", lambda: torch.nn.functional.gelu(a16), 2 * B * n),
+        ("mul_bf16", lambda: a16 * b16, 3 * B * n), ("pow2_fp32", lambda: a32.pow(2), 2 * F * n),
+        ("row_mean_fp32", lambda: x32.mean(-1, keepdim=True), F * n), ("row_scale_fp32", lambda: x32 * x32[:, :1], 2 * F * n),
+        ("layer_norm_bf16", lambda: torch.nn.functional.layer_norm(x16, (h,), w, bias), 2 * B * n),
+        ("col_sum_bf16", lambda: x16.sum(0), B * n), ("fill_bf16", lambda: b16.fill_(1.0), B * n), ("sum_bf16", lambda: a16.sum(), B * n),
+        ("log_softmax_fp32", lambda: torch.log_softmax(lg, -1), 2 * F * lg.numel()),
+        ("log_softmax_bwd_fp32", lambda: torch._log_softmax_backward_data(ls, ls, -1, f32), 3 * F * lg.numel()),
+    ]
+
+
+def time_memory(device: torch.device, n: int, measure: Any, warmup: int, reps: int, seed: int) -> list[dict[str, Any]]:
+    """``kernels.csv`` memory rows: each of :func:`memory_ops` isolated, with the bytes it must
+    move at the least (its inputs read once, its output written once) and the rate that gives."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for name, fn, nbytes in memory_ops(n, device, g):
+        st = stats(measure(fn, warmup, reps))
+        rows.append({"shape": f"elements_{n}", "kernel": "memory", "name": name, "pass": "isolated", "m": n, "n": 1, "k": 1,
+                     "dtype": name.rsplit("_", 1)[-1], **st, "tflops": float("nan"), "bytes": nbytes, "GBps": nbytes / st["median_s"] / 1e9})
+    return rows
+
+
+def sustained(device: torch.device, dtype: torch.dtype, seconds: float, n: int, seed: int) -> list[dict[str, Any]]:
+    """``sustained.csv``: an ``n``^3 GEMM's rate over its first 20 calls, then again after
+    ``seconds`` of back-to-back calls, with ``nvidia-smi``'s live readings at each point."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    measure = timer(device)
+    rows = []
+    flops = 2.0 * n**3
+    t0 = time.perf_counter()
+    for when in ("first", "sustained"):
+        if when == "sustained":
+            while time.perf_counter() - t0 < seconds:
+                for _ in range(20):
+                    a @ b
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+        ts = measure(lambda: a @ b, 3, 20)
+        rows.append({"when": when, "after_s": round(time.perf_counter() - t0, 1), "n": n, **stats(ts), "tflops": flops / statistics.median(ts) / 1e12,
+                     "smi_fields": SMI_LIVE, "smi": smi(SMI_LIVE) if device.type == "cuda" else ""})
+    return rows
+
+
+def probe(shapes: Sequence[ProbeShape], out: Path, device: torch.device, warmup: int, reps: int, sustain_s: float, seed: int = 0,
+          compiled: Sequence[ProbeShape] = (), sustain_block_s: float = 0.0, memory_elements: int = 0, flash: Sequence[ProbeShape] = (),
+          log: Callable[[str], None] = print) -> Path:
+    """Run every part for every shape into ``out`` (module docstring); returns ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = torch.bfloat16
+    (out / "env.json").write_text(json.dumps(env_info(device), indent=1))
+    w = Writer(out)
+    measure = timer(device)
+    if memory_elements > 0:
+        w.add("kernels.csv", time_memory(device, memory_elements, measure, warmup, reps, seed))
+        log(f"memory-bound kernels: {len(w.rows['kernels.csv'])} rows")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if sustain_block_s > 0:
+        s = shapes[0]
+        sustained_block(s, device, sustain_block_s, max(sustain_block_s / 30, 0.1), seed, w)
+        r = w.rows["sustained_block.csv"]
+        log(f"{s.name}: block forward + backward {r[0]['median_s'] * 1e3:.2f} ms at first, {r[-1]['median_s'] * 1e3:.2f} ms after {r[-1]['after_s']} s")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for s in shapes:
+        t0 = time.perf_counter()
+        parts = _parts(s, device, dtype, seed)
+        steps = _steps(s, parts)
+        w.add("units.csv", time_units(s, steps, device, measure, warmup, reps))
+        log(f"{s.name}: units {time.perf_counter() - t0:.1f} s")
+        w.add("ops.csv", profile_ops(s, steps, device))
+        del parts, steps
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        w.add("kernels.csv", time_gemms(s, device, dtype, measure, warmup, reps, seed))
+        if s.family == "llama":
+            w.add("kernels.csv", time_fp8_gemms(s, device, measure, warmup, reps, seed))
+        w.add("kernels.csv", time_attention(s, device, dtype, measure, warmup, reps, seed))
+        w.add("kernels.csv", time_optimizer(s, device, measure, warmup, reps))
+        log(f"{s.name}: done {time.perf_counter() - t0:.1f} s")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for s in flash:
+        t0 = time.perf_counter()
+        units, ops = time_flash(s, device, dtype, measure, warmup, reps, seed)
+        w.add("units.csv", units)
+        w.add("ops.csv", ops)
+        log(f"{s.name}: FlashAttention-2 block {time.perf_counter() - t0:.1f} s")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for s in compiled:
+        t0 = time.perf_counter()
+        w.add("units.csv", time_compiled(s, device, dtype, measure, warmup, reps, seed))
+        log(f"{s.name}: compiled {time.perf_counter() - t0:.1f} s")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if sustain_s > 0:
+        w.add("sustained.csv", sustained(device, dtype, sustain_s, 8192 if device.type == "cuda" else 256, seed))
+        log(f"sustained: {w.rows['sustained.csv'][-1]['tflops']:.0f} TFLOP/s after {sustain_s:.0f} s")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.block_probe", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="directory for the CSV files")
+    ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    ap.add_argument("--shapes", nargs="*", default=None, help=f"which shapes (default: all of {', '.join(SHAPES)})")
+    ap.add_argument("--tiny", action="store_true", help=f"toy shapes ({', '.join(TINY)}) instead, for a CPU")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--sustain-s", type=float, default=20.0, help="seconds of back-to-back GEMMs before the sustained reading (0: none)")
+    ap.add_argument("--sustain-block-s", type=float, default=0.0, help="seconds of the first shape's block run back to back, timed in windows (0: none)")
+    ap.add_argument("--memory-elements", type=int, default=0, help="also time memory-bound kernels over this many elements (first)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--flash", nargs="*", default=[], help="shapes whose blocks are also timed with SDPA held to FlashAttention-2")
+    ap.add_argument("--compile", nargs="*", default=[], help="shapes whose blocks are also timed under torch.compile (after the rest)")
+    a = ap.parse_args(argv)
+    table = TINY if a.tiny else SHAPES
+    unknown = [n for n in [*(a.shapes or []), *a.compile, *a.flash] if n not in table]
+    if unknown:
+        print(f"error: unknown shape {unknown[0]!r}: use one of {', '.join(table)}", file=sys.stderr)
+        return 1
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but torch sees no CUDA GPU: run it on a GPU machine, or --device cpu --tiny", file=sys.stderr)
+        return 1
+    if a.reps < 1 or a.warmup < 0:
+        print("error: --reps must be >= 1 and --warmup >= 0", file=sys.stderr)
+        return 1
+    probe([table[n] for n in (a.shapes or table)], Path(a.out), device, a.warmup, a.reps, a.sustain_s, a.seed,
+          compiled=[table[n] for n in a.compile], sustain_block_s=a.sustain_block_s,
+          memory_elements=a.memory_elements, flash=[table[n] for n in a.flash], log=lambda m: print(m, flush=True))
+    return 0
