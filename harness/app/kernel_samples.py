@@ -77,15 +77,16 @@ PROBE_SOURCE = "this project: python -m harness.block_probe"
 PROBE_DTYPES = {"bfloat16": "bf16", "float8": "fp8_e4m3fn"}
 
 
-def _probe_frame(g: Any, dtype: Any, what: str, role: str, data_dir: Path) -> Any:
-    """Probe GEMMs ``g`` (columns m, n, k, mean seconds, size) as rows of ``gemm.csv`` plus ``role``."""
+def _probe_frame(g: Any, dtype: Any, what: str, role: str, file: str) -> Any:
+    """Probe GEMMs ``g`` (columns m, n, k, mean seconds, size) read from ``file`` as rows of
+    ``gemm.csv`` plus ``role``."""
     import pandas as pd
 
     flops = 2.0 * g["m"] * g["n"] * g["k"]
     return pd.DataFrame({
         "gpu": "H100", "gpu_variant": "SXM", "dtype": dtype, "batch": 1, "m": g["m"], "n": g["n"], "k": g["k"],
         "tflops": flops / g["mean"] / 1e12, "time_us": g["mean"] * 1e6, "source": f"{PROBE_SOURCE} ({what})",
-        "locator": str(Path(data_dir).name), "how_measured": "MEASURED: mean of " + g["size"].astype(str) + " timings",
+        "locator": file, "how_measured": "MEASURED: mean of " + g["size"].astype(str) + " timings",
         "software": "torch 2.11.0+cu130", "notes": "H100 80GB HBM3, 700 W", "role": role,
     })
 
@@ -100,7 +101,7 @@ def probe_gemm_rows(data_dir: Path = A100_H100_DATA) -> Any:
     * ``check``: the same shapes *isolated* (``h100_probe_kernels.csv``: back to back, 20 calls
       after 3 warm-ups, random-normal operands; FP8 as ``torch._scaled_mm`` with tensor-wise
       scales): a loop of GEMMs alone holds the power limit longer, and runs about 5 % slower
-      than the same GEMM inside a step (``h100_probe`` in docs/gpu_costs.md).
+      than the same GEMM inside a step (docs/gpu_costs.md, "H100 GEMMs in situ").
 
     Empty where the files are absent."""
     import json
@@ -118,13 +119,13 @@ def probe_gemm_rows(data_dir: Path = A100_H100_DATA) -> Any:
             dims.append((sh[0][0], sh[1][1], sh[0][1]))
         o = o.assign(m=[d[0] for d in dims], n=[d[1] for d in dims], k=[d[2] for d in dims], t=o["self_us"] / o["calls"] * 1e-6)
         g = o.groupby(["m", "n", "k"], sort=True)["t"].agg(["mean", "size"]).reset_index()
-        parts.append(_probe_frame(g, "bf16", "in situ, h100_probe_ops.csv", "fit", data_dir))
+        parts.append(_probe_frame(g, "bf16", "in situ", "fit", ops_path.name))
     if ker_path.exists():
         k = _read(ker_path.name, data_dir)
         k = k[(k["kernel"] == "gemm") & k["dtype"].isin(list(PROBE_DTYPES))]
         for dt, part in k.groupby("dtype", sort=True):
             g = part.groupby(["m", "n", "k"], sort=True)["median_s"].agg(["mean", "size"]).reset_index()
-            parts.append(_probe_frame(g, PROBE_DTYPES[str(dt)], "isolated, h100_probe_kernels.csv", "check", data_dir))
+            parts.append(_probe_frame(g, PROBE_DTYPES[str(dt)], "isolated", "check", ker_path.name))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 

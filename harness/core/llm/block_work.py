@@ -40,8 +40,9 @@ gradient as Megatron-LM's and PyTorch's linear backward compute it), the attenti
 where a tensor feeds two consumers: the residual stream's gradient at each residual (through
 the skip and through the branch) and, in eager mode, torchtitan's separate Q / K / V and gate /
 up projections' input gradients (kernel counts a profiled H100 step shows:
-``harness/data/gpu/a100_h100/h100_probe_ops.csv``).  Recompute: selective re-runs the attention core forward, full the
-whole forward (collectives included), ``op`` (torchtitan's per-op selective checkpointing, dense
+``harness/data/gpu/a100_h100/h100_probe_ops.csv``).
+
+Recompute: selective re-runs the attention core forward, full the whole forward (collectives included), ``op`` (torchtitan's per-op selective checkpointing, dense
 blocks) every memory-bound kernel, every second ``mm`` of :func:`harness.core.llm.flops.op_recomputed`
 and the forward collectives but the reduce-scatters, keeping the block's input, the other
 matmuls' outputs, the fused attention's output and statistics and the reduce-scatters' outputs.

@@ -21,12 +21,14 @@ the model by 2025 (``build_cross_entropy_loss``: ``kernels=compiled`` against ``
   the copy into the attention kernel);
 * SwiGLU ``silu(w1 x) * (w3 x)``: two kernels forward, three backward;
 * the loss over an FP32 copy of the logits: the cast, ``log_softmax`` (three reading passes and
-  a write: :data:`LOG_SOFTMAX_READS`), ``nll_loss``; backward ``nll_loss``'s dense gradient, ``log_softmax``'s, the cast back.
+  a write: :data:`LOG_SOFTMAX_READS`), ``nll_loss``; backward ``nll_loss``'s dense gradient,
+  ``log_softmax``'s, the cast back.
   Its FP32 log-probabilities are kept (as the fused loss keeps its FP32 softmax); at the peak of
   its backward two more FP32 copies of the logits are live (the fused loss: the 16-bit logits).
 
 A LayerNorm (``nn.LayerNorm``) and a GeLU are one ATen kernel each way, eager or not: only RMSNorm,
-RoPE, the gated activation, GQA's copy and the loss differ.  Bytes are per element of the tensor
+RoPE, the gated activation, GQA's copy, the loss and the sums of the separate projections' input
+gradients (:mod:`harness.core.llm.block_work`) differ.  Bytes are per element of the tensor
 the step runs over (tokens x channels; a row-wise kernel's few bytes as its share of a row), ``A``
 the activation's bytes, FP32 4 (a cast up to FP32 charged over :data:`UPCAST_RATE`, the rate
 an H100 measured it at); a kernel's time is then the calibrated memory-bound model's
