@@ -36,7 +36,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._llm_in_situ import held_out_factors, in_situ_columns, rerun_rows
-from experiments._llm_probe import attention_table, class_table, probe_lines, probe_table, sustained_summary
+from experiments._llm_probe import attention_table, between_table, class_table, probe_lines, probe_table, sustained_summary
 from experiments._llm_figures import convention_flops, convention_key, figure_flops, formula_ideal, time_of_figure
 from experiments._llm_report import plot, write_readme
 from experiments._llm_rows import SINGLE_NODE, RowJob, load_rows, row_job
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(probe_classes, out / "h100_probe_classes.csv")
     plot(df, out / "predicted_vs_published.png")
     write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, single=single, mbs=mbs, quick=a.quick, minutes=(time.perf_counter() - t0) / 60,
-                 extra=a.override, probe=probe_lines(probe_units, probe_classes, probe_attention, sustained_summary()))
+                 extra=a.override, probe=probe_lines(probe_units, probe_classes, probe_attention, sustained_summary(), between_table()))
     print_table(df.to_dict("records"), ["row_id", "published_kind", "published", "simulated", "ratio", "formula_ratio", "status"],
                 title="simulated / published (ratio: of iteration times)")
     print_table(summary.to_dict("records"), ["figure", "scope", "simulation", "formula", "in_situ", "goal", "verdict"], title="summary")

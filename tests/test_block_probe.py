@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments._llm_probe import class_table, op_class, probe_lines, probe_table, attention_table, spec_of, sustained_summary
+from experiments._llm_probe import (attention_table, between_table, class_table, op_class, probe_lines, probe_table, spec_of,
+                                   sustained_summary)
 from harness.app.block_probe import linears, main, memory_ops
 from harness.app.kernel_samples import PROBE_SOURCE, probe_gemm_rows, probe_memory_rows
 from harness.app.probe_model import SHAPES, TINY, Block, RMSNorm, init_, rope_table, rotate
@@ -26,7 +27,7 @@ from harness.app.probe_model import SHAPES, TINY, Block, RMSNorm, init_, rope_ta
 def probed(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("probe")
     rc = main(["--out", str(out), "--device", "cpu", "--tiny", "--reps", "2", "--warmup", "1", "--sustain-s", "0.1",
-               "--sustain-block-s", "0.2", "--memory-elements", "65536", "--flash", "llama_tiny"])
+               "--sustain-block-s", "0.2", "--memory-elements", "65536", "--flash", "llama_tiny", "--attention-between", "gpt_tiny"])
     assert rc == 0
     return out
 
@@ -49,6 +50,10 @@ def test_the_probe_writes_every_file_with_a_row_per_unit_pass_and_kernel(probed)
         np.testing.assert_allclose(gemm["tflops"], flops / gemm["median_s"] / 1e12, rtol=1e-9)
     mem = kernels[kernels["kernel"] == "memory"]
     np.testing.assert_allclose(mem["GBps"], mem["bytes"] / mem["median_s"] / 1e9, rtol=1e-9)
+    between = kernels[kernels["name"].str.startswith("flash_")]
+    assert set(zip(between["name"], between["pass"])) == {(f"flash_{c}", p) for c in ("alone", "after_gemm", "after_copy")
+                                                          for p in ("forward", "backward")}
+    assert set(between["shape"]) == {"gpt_tiny"} and (between["median_s"] > 0).all()
     ops = pd.read_csv(probed / "ops.csv")
     assert (ops["self_us"] > 0).all() and {"block", "head", "block_flash"} <= set(ops["unit"])
     assert len(pd.read_csv(probed / "sustained.csv")) == 2 and len(pd.read_csv(probed / "sustained_block.csv")) >= 1
@@ -161,7 +166,9 @@ def test_the_committed_measurements_and_their_simulation(committed) -> None:
         assert fb[(shape, unit, "forward_backward")] > fb[(shape, unit, "forward")]   # the backward costs something
     assert set(classes["class"]) == {"gemm", "attention", "memory"}
     assert not classes[(classes["unit"] == "head") & (classes["class"] == "attention")].size
-    assert set(attention["backend"]) == {"default", "flash", "cudnn"}
-    text = "\n".join(probe_lines(units, classes, attention, sustained_summary()))
+    assert set(attention["backend"]) == {"default", "flash", "cudnn"}      # the flash_* context rows are between_table's
+    between = between_table()
+    assert len(between) and (between[["after_gemm", "after_copy"]] > 0).all().all()
+    text = "\n".join(probe_lines(units, classes, attention, sustained_summary(), between))
     assert text.startswith("## One H100, measured by this project") and "nan" not in text
     assert math.isfinite(sustained_summary()["block_factor"])

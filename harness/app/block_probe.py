@@ -14,6 +14,8 @@ shape of :data:`harness.app.probe_model.SHAPES` it writes, as each part finishes
 * ``kernels.csv``: the same GEMMs (forward, input gradient, weight gradient, as autograd calls
   them; FP8 too for ``llama``, on an FP8 GPU), the attention kernel (forward, forward + backward) and AdamW over FP32 master weights
   (``foreach`` and ``fused``), each *isolated*, repeated back to back on the same operands;
+* ``kernels.csv`` attention rows ``flash_alone`` / ``flash_after_gemm`` / ``flash_after_copy`` with
+  ``--attention-between SHAPE``: FlashAttention-2 timed alone, right after nothing, a GEMM or a copy;
 * ``units.csv`` and ``ops.csv`` rows ``block_flash`` with ``--flash SHAPE``: the block with SDPA
   held to FlashAttention-2;
 * ``units.csv`` rows ``block_compiled`` with ``--compile SHAPE``: the blocks under ``torch.compile``;
@@ -361,6 +363,53 @@ def time_attention(s: ProbeShape, device: torch.device, dtype: torch.dtype, meas
     return rows
 
 
+def time_attention_between(s: ProbeShape, device: torch.device, dtype: torch.dtype, warmup: int, reps: int, seed: int) -> list[dict[str, Any]]:
+    """``kernels.csv`` attention rows ``flash_alone``, ``flash_after_gemm``, ``flash_after_copy``:
+    the FlashAttention-2 forward and backward each timed alone (events around the attention
+    only), with nothing, the block's largest GEMM or a copy of the block's activations issued
+    just before each call: does a kernel run slower right after a GEMM, as inside a step?"""
+    g = torch.Generator(device=device).manual_seed(seed)
+    shape = (s.batch, s.seq, s.heads, s.head_dim)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=g).transpose(1, 2).requires_grad_(True) for _ in range(3))
+    do = torch.randn(s.batch, s.heads, s.seq, s.head_dim, device=device, dtype=dtype, generator=g)
+    x = torch.randn(s.tokens, s.hidden, device=device, dtype=dtype, generator=g)
+    w = torch.randn(s.ffn, s.hidden, device=device, dtype=dtype, generator=g)
+    src = torch.randn(s.tokens * s.hidden, device=device, dtype=dtype, generator=g)
+    dst = torch.empty_like(src)
+    before: dict[str, Callable[[], Any] | None] = {"alone": None, "after_gemm": lambda: F.linear(x, w), "after_copy": lambda: dst.copy_(src)}
+    cuda = device.type == "cuda"
+    rows = []
+    with backend_ctx("flash" if cuda else "default"):
+        for name, pre in before.items():
+            for phase in ("forward", "backward"):
+                spans: list[Any] = []
+                for _ in range(warmup + reps):
+                    out = None
+                    if phase == "backward":
+                        q.grad = k.grad = v.grad = None
+                        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    if pre is not None:
+                        pre()
+                    a, b = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
+                    t0 = time.perf_counter()
+                    if a is not None:
+                        a.record()
+                    if out is None:
+                        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    else:
+                        out.backward(do)
+                    if b is not None:
+                        b.record()
+                    spans.append((a, b) if cuda else time.perf_counter() - t0)
+                if cuda:
+                    torch.cuda.synchronize(device)
+                ts = [a.elapsed_time(b) / 1e3 for a, b in spans[warmup:]] if cuda else spans[warmup:]
+                rows.append({"shape": s.name, "kernel": "attention", "name": f"flash_{name}", "pass": phase, "m": s.seq, "n": s.seq,
+                             "k": s.head_dim, "dtype": str(dtype).split(".")[-1], **stats(ts), "tflops": float("nan"),
+                             "smi_fields": SMI_LIVE, "smi": smi(SMI_LIVE) if cuda else ""})
+    return rows
+
+
 def backend_ctx(backend: str) -> Any:
     """A context that restricts SDPA to ``backend`` (``default``: PyTorch's own choice)."""
     import contextlib
@@ -465,6 +514,7 @@ def sustained(device: torch.device, dtype: torch.dtype, seconds: float, n: int, 
 
 def probe(shapes: Sequence[ProbeShape], out: Path, device: torch.device, warmup: int, reps: int, sustain_s: float, seed: int = 0,
           compiled: Sequence[ProbeShape] = (), sustain_block_s: float = 0.0, memory_elements: int = 0, flash: Sequence[ProbeShape] = (),
+          between: Sequence[ProbeShape] = (),
           log: Callable[[str], None] = print) -> Path:
     """Run every part for every shape into ``out`` (module docstring); returns ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -502,6 +552,11 @@ def probe(shapes: Sequence[ProbeShape], out: Path, device: torch.device, warmup:
         log(f"{s.name}: done {time.perf_counter() - t0:.1f} s")
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    for s in between:
+        t0 = time.perf_counter()
+        w.add("kernels.csv", time_attention(s, device, dtype, measure, warmup, reps, seed))
+        w.add("kernels.csv", time_attention_between(s, device, dtype, warmup, reps, seed))
+        log(f"{s.name}: attention alone and between kernels {time.perf_counter() - t0:.1f} s")
     for s in flash:
         t0 = time.perf_counter()
         units, ops = time_flash(s, device, dtype, measure, warmup, reps, seed)
@@ -535,10 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-elements", type=int, default=0, help="also time memory-bound kernels over this many elements (first)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--flash", nargs="*", default=[], help="shapes whose blocks are also timed with SDPA held to FlashAttention-2")
+    ap.add_argument("--attention-between", nargs="*", default=[], metavar="SHAPE",
+                    help="shapes whose attention is also timed alone and right after a GEMM or a copy")
     ap.add_argument("--compile", nargs="*", default=[], help="shapes whose blocks are also timed under torch.compile (after the rest)")
     a = ap.parse_args(argv)
     table = TINY if a.tiny else SHAPES
-    unknown = [n for n in [*(a.shapes or []), *a.compile, *a.flash] if n not in table]
+    unknown = [n for n in [*(a.shapes or []), *a.compile, *a.flash, *a.attention_between] if n not in table]
     if unknown:
         print(f"error: unknown shape {unknown[0]!r}: use one of {', '.join(table)}", file=sys.stderr)
         return 1
@@ -551,5 +608,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     probe([table[n] for n in (a.shapes or table)], Path(a.out), device, a.warmup, a.reps, a.sustain_s, a.seed,
           compiled=[table[n] for n in a.compile], sustain_block_s=a.sustain_block_s,
-          memory_elements=a.memory_elements, flash=[table[n] for n in a.flash], log=lambda m: print(m, flush=True))
+          memory_elements=a.memory_elements, flash=[table[n] for n in a.flash],
+          between=[table[n] for n in a.attention_between], log=lambda m: print(m, flush=True))
     return 0

@@ -66,6 +66,8 @@ SHAPES: dict[str, ProbeShape] = {
     "mpt_13b": ProbeShape("mpt_13b", "gpt", 5120, 40, 40, 20480, 50368, 2048, 2, 4),
     "mpt_30b": ProbeShape("mpt_30b", "gpt", 7168, 56, 56, 28672, 50368, 2048, 14, 2),
     "mpt_70b": ProbeShape("mpt_70b", "gpt", 8192, 64, 64, 32768, 50368, 2048, 8, 2),
+    # torchtitan's long-context rows (one sequence of 32,768 tokens): attention-heavy blocks
+    "llama3_8b_32k": ProbeShape("llama3_8b_32k", "llama", 4096, 32, 8, 14336, 128256, 32768, 1, 2),
 }
 
 #: the same families at a size a CPU runs in a second (tests, ``--tiny``)
