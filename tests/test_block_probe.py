@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from experiments._llm_probe import (attention_table, between_table, class_table, op_class, probe_lines, probe_table, spec_of,
                                    sustained_summary)
-from harness.app.block_probe import linears, main, memory_ops
+from harness.app.block_probe import main
+from harness.app.probe_kernels import linears, memory_ops
 from harness.app.kernel_samples import PROBE_SOURCE, probe_gemm_rows, probe_memory_rows
 from harness.app.probe_model import SHAPES, TINY, Block, RMSNorm, init_, rope_table, rotate
 

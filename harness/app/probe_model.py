@@ -13,7 +13,7 @@ Two families, the two of the published H100 rows (``harness/data/llm``):
 
 The loss is ``cross_entropy`` over an FP32 copy of the logits.  Weights are created in the
 compute dtype (FSDP's ``param_dtype``): the probe times the kernels of the step, not its
-master-weight bookkeeping, which :func:`harness.app.block_probe.time_optimizer` times apart.
+master-weight bookkeeping, which :func:`harness.app.probe_kernels.time_optimizer` times apart.
 """
 
 from __future__ import annotations
