@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from experiments.common import experiment_args, models_of
 from harness.app.compose import compose
-from harness.app.run import build
+from harness.app.run import build, build_costs
 
 #: FD-DPS Table 3 / 5: the six models and their batch sizes; the testbed is 8 P100 in one server
 MODELS: list[tuple[str, int]] = [
@@ -107,11 +107,6 @@ def load(model: str, batch: int, cluster: str = CLUSTER, granularity: str = "ate
     return cfg, source.op_graph(**cfg.graph), cl, sim
 
 
-def costs_for(cfg: Any, cluster: Any) -> Any:
-    """The configured cost model for a (sub)cluster."""
-    return instantiate(cfg.costs, _partial_=True, _convert_="all")(cluster=cluster)
-
-
 def make_algo(name: str, quick: bool = False, **over: Any) -> Any:
     """The algorithm registered as conf/algo/<name>.yaml, with overrides."""
     cfg = compose([f"algo={name}"])
@@ -157,7 +152,7 @@ def run_grid(models: list[tuple[str, int]], algos: list[str], cluster: str, devi
     for model, batch in models:
         cfg, g, full, sim = load(model, batch, cluster)
         cl = full.subset(devices) if devices is not None and devices < full.num_devices else full
-        costs = costs_for(cfg, cl)
+        costs = build_costs(cfg, cl)
         for name in algos:
             bar.set_postfix_str(f"{model} {name}")
             r = run_algo(g, cl, costs, sim, make_algo(name, quick=quick))

@@ -22,15 +22,14 @@ import numpy as np
 import pandas as pd
 
 from harness.app.compose import compose
+from harness.app.run import build_costs
 from harness.app.kernel_samples import A100_H100_DATA
-from harness.core.kernels import ATTN, GEMM
+from harness.core.kernels import ATTN, GEMM, KernelTable
 from harness.core.llm.shard import Shard
 from harness.core.llm.spec import TransformerSpec
 from harness.core.llm.stack import transformer_stack
 from harness.core.llm.work import unit_times, unit_work
 
-#: the probe's shapes (``harness.app.probe_model.SHAPES``, read here from its units file)
-SHAPE_COLS = ("family", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "batch", "layers")
 #: a probed unit -> (the stack unit it is, the model.kernels it runs as)
 UNITS = {"block": ("block", "eager"), "block_flash": ("block", "eager"), "block_compiled": ("block", "compiled_blocks"),
          "head": ("head", "eager"), "embedding": ("embedding", "eager")}
@@ -56,8 +55,23 @@ def cost_model(cluster: str = "h100x8", costs: str = "calibrated") -> Any:
     from hydra.utils import instantiate
 
     cfg = compose([f"cluster={cluster}", f"costs={costs}"])
-    built = instantiate(cfg.cluster, _convert_="all")
-    return instantiate(cfg.costs, _partial_=True, _convert_="all")(cluster=built)
+    return build_costs(cfg, instantiate(cfg.cluster, _convert_="all"))
+
+
+#: the class of a simulated kernel kind, ``memory`` for the others
+KIND_CLASS = {GEMM: "gemm", ATTN: "attention"}
+
+
+def class_seconds(tables: tuple[KernelTable, ...], costs: Any) -> dict[str, tuple[float, int]]:
+    """(seconds, kernels) per class (``gemm``, ``attention``, ``memory``) of the kernels of ``tables``
+    on device 0 of ``costs``."""
+    out = {"gemm": (0.0, 0), "attention": (0.0, 0), "memory": (0.0, 0)}
+    for tab in tables:
+        each = costs.kernel_times(tab.take(np.arange(len(tab)), np.arange(len(tab))), 0, len(tab))
+        for kind, sec in zip(tab.kind, each):
+            c = KIND_CLASS.get(int(kind), "memory")
+            out[c] = (out[c][0] + float(sec), out[c][1] + 1)
+    return out
 
 
 def _unit_index(graph: Any, unit: str) -> int:
@@ -105,7 +119,14 @@ def class_table(costs: Any | None = None, data_dir: Path = A100_H100_DATA) -> pd
     per_run = ops.groupby(["shape", "unit", "pass", "cls", "run"])[["ms", "n"]].sum().reset_index()
     meas = per_run.groupby(["shape", "unit", "pass", "cls"])[["ms", "n"]].mean()
     shapes = probe_shapes()
-    names = {0: "gemm", 1: "attention"}
+
+    def measured(name: str, unit: str, phase: str, cls: str, col: str) -> float:
+        def got(p: str) -> float:
+            key = (name, unit, p, cls)
+            return float(meas.loc[key, col]) if key in meas.index else 0.0
+
+        return got("forward") if phase == "forward" else got("forward_backward") - got("forward")
+
     rows = []
     for name in ops["shape"].unique():
         shape = shapes[str(name)]
@@ -115,20 +136,8 @@ def class_table(costs: Any | None = None, data_dir: Path = A100_H100_DATA) -> pd
                 continue
             work = unit_work(graph, _unit_index(graph, UNITS[unit][0]), Shard(micro_batch=shape["batch"], recompute="none"))
             for phase, tables in (("forward", (work.fwd,)), ("backward", (work.bwd_input, work.bwd_weight))):
-                sim: dict[str, list[float]] = {"gemm": [0.0, 0], "attention": [0.0, 0], "memory": [0.0, 0]}
-                for tab in tables:
-                    each = costs.kernel_times(tab.take(np.arange(len(tab)), np.arange(len(tab))), 0, len(tab))
-                    for kind, sec in zip(tab.kind, each):
-                        c = names.get(int(kind) if int(kind) in (GEMM,) else (1 if int(kind) == ATTN else 2), "memory")
-                        sim[c][0] += 1e3 * float(sec)
-                        sim[c][1] += 1
-                for c, (ms, n) in sim.items():
-                    def got(p: str, col: str) -> float:
-                        key = (name, unit, p, c)
-                        return float(meas.loc[key, col]) if key in meas.index else 0.0
-
-                    m_ms = got("forward", "ms") if phase == "forward" else got("forward_backward", "ms") - got("forward", "ms")
-                    m_n = got("forward", "n") if phase == "forward" else got("forward_backward", "n") - got("forward", "n")
+                for c, (sec, n) in class_seconds(tables, costs).items():
+                    ms, m_ms, m_n = 1e3 * sec, measured(name, unit, phase, c, "ms"), measured(name, unit, phase, c, "n")
                     if ms == 0 and m_ms == 0:
                         continue
                     rows.append({"shape": name, "unit": unit, "pass": phase, "class": c, "measured_ms": m_ms, "simulated_ms": ms,
@@ -149,7 +158,7 @@ def sustained_summary(data_dir: Path = A100_H100_DATA) -> dict[str, Any]:
             "gpu": env["1"]["nvidia_smi"]["values"], "torch": env["1"]["torch"], "runs": len(env)}
 
 
-def attention_table(data_dir: Path = A100_H100_DATA, costs: Any | None = None) -> pd.DataFrame:
+def attention_table(costs: Any | None = None, data_dir: Path = A100_H100_DATA) -> pd.DataFrame:
     """The probe's isolated attention kernels per backend (``default`` was cuDNN's on its
     software) beside the simulator's FlashAttention-2 cost of the same call."""
     costs = costs if costs is not None else cost_model()
@@ -161,10 +170,8 @@ def attention_table(data_dir: Path = A100_H100_DATA, costs: Any | None = None) -
         shape = shapes[str(name)]
         graph = transformer_stack(spec_of(shape, "eager"), shape["batch"], "amp_bf16")
         work = unit_work(graph, 1, Shard(micro_batch=shape["batch"], recompute="none"))
-        sim = 0.0
-        for tab in (work.fwd,) if phase == "forward" else (work.fwd, work.bwd_input, work.bwd_weight):
-            att = np.flatnonzero(tab.kind == ATTN)
-            sim += float(costs.kernel_times(tab.take(att, np.zeros(len(att), np.int64)), 0, 1)[0]) if len(att) else 0.0
+        tables = (work.fwd,) if phase == "forward" else (work.fwd, work.bwd_input, work.bwd_weight)
+        sim = class_seconds(tables, costs)["attention"][0]
         measured = float(g["median_s"].mean())
         rows.append({"shape": name, "backend": str(backend).replace("sdpa_causal_", ""), "pass": phase, "measured_ms": 1e3 * measured,
                      "simulated_ms": 1e3 * sim, "ratio": sim / measured})

@@ -15,9 +15,10 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._fddps import (
-    CLUSTER, PAPER_TABLE3, cli, costs_for, load, make_algo, markdown_table, models_to_run, write_section,
+    CLUSTER, PAPER_TABLE3, cli, load, make_algo, markdown_table, models_to_run, write_section,
 )
 from experiments.common import output_dir, print_table, style
+from harness.app.run import build_costs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, g, cl, _ = load(model, batch, CLUSTER)
         row = {"model": model, "batch": batch, "ops": g.num_nodes, "edges": g.num_edges, "capture_s": time.perf_counter() - t0,
                "views": int(g.free.sum())}
-        plan = make_algo("fddps").plan(g, cl, costs_for(cfg, cl))
+        plan = make_algo("fddps").plan(g, cl, build_costs(cfg, cl))
         row.update({"ops_after_split": plan.graph.num_nodes, "edges_after_split": plan.graph.num_edges})
         if a.core_aten:
             _, gc, _, _ = load(model, batch, CLUSTER, "core_aten")

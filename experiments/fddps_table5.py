@@ -15,10 +15,11 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._fddps import (
-    CLUSTER, DEVICES, LABELS, PAPER_SINGLE, PAPER_SPEEDUP2, PAPER_TABLE5, QUICK_DEVICES, TABLE5_ALGOS, cli, costs_for, fmt_time,
+    CLUSTER, DEVICES, LABELS, PAPER_SINGLE, PAPER_SPEEDUP2, PAPER_TABLE5, QUICK_DEVICES, TABLE5_ALGOS, cli, fmt_time,
     load, make_algo, markdown_table, models_to_run, paper_batch, run_algo, write_section,
 )
 from experiments.common import output_dir, print_table, style
+from harness.app.run import build_costs
 
 
 def speedup(base: dict[str, Any] | None, new: dict[str, Any] | None) -> float | None:
@@ -39,12 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     for model, batch in models:
         cfg, g, full, sim = load(model, batch, CLUSTER)
         one = full.subset(1)
-        r = run_algo(g, one, costs_for(cfg, one), sim, make_algo("single_device"))
+        r = run_algo(g, one, build_costs(cfg, one), sim, make_algo("single_device"))
         runs.append({"model": model, "batch": batch, "devices": 1, "cluster": one.name, "algo": "single_device", **r})
         bar.update()
         for k in devices:
             cl = full.subset(k) if k < full.num_devices else full
-            costs = costs_for(cfg, cl)
+            costs = build_costs(cfg, cl)
             for name in TABLE5_ALGOS:
                 bar.set_postfix_str(f"{model} {k} {name}")
                 r = run_algo(g, cl, costs, sim, make_algo(name, quick=a.quick))

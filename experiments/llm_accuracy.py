@@ -36,7 +36,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments._llm_in_situ import held_out_factors, in_situ_columns, rerun_rows
-from experiments._llm_probe import attention_table, between_table, class_table, probe_lines, probe_table, sustained_summary
+from experiments._llm_probe import attention_table, between_table, class_table, cost_model, probe_lines, probe_table, sustained_summary
 from experiments._llm_figures import convention_flops, convention_key, figure_flops, formula_ideal, time_of_figure
 from experiments._llm_report import plot, write_readme
 from experiments._llm_rows import SINGLE_NODE, RowJob, load_rows, row_job
@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(single, out / "single_node.csv")
     if len(mbs):
         write_csv(mbs, out / "micro_batch_pairs.csv")
-    probe_units, probe_classes, probe_attention = probe_table(), class_table(), attention_table()
+    h100 = cost_model()
+    probe_units, probe_classes, probe_attention = probe_table(h100), class_table(h100), attention_table(h100)
     write_csv(probe_units, out / "h100_probe.csv")
     write_csv(probe_classes, out / "h100_probe_classes.csv")
     plot(df, out / "predicted_vs_published.png")

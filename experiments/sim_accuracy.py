@@ -180,9 +180,9 @@ def run_case(model: str, overrides: list[str], algo: str, profile_root: Path, st
     busy, run_costs = busy_model(res.cluster), res.sim.interleaved_costs
     busy_s = busy_ie = np.nan
     if busy is not None:
-        from hydra.utils import instantiate
+        from harness.app.run import build_costs
 
-        costs = instantiate(cfg.costs, _partial_=True, _convert_="all")(cluster=res.cluster)
+        costs = build_costs(cfg, res.cluster)
         busy_s = simulate(res.plan.graph, res.plan.strategy, busy, costs).step_time_s
         if run_costs is not None:
             busy_ie = simulate(res.plan.graph, res.plan.strategy, busy, run_costs).step_time_s / meas - 1.0

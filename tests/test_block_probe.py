@@ -109,6 +109,10 @@ def test_grouped_query_attention_is_multi_head_attention_over_repeated_keys() ->
     (["--tiny", "--device", "cpu", "--shapes", "llama_huge"], "unknown shape 'llama_huge'"),
     (["--tiny", "--device", "cpu", "--compile", "nope"], "unknown shape 'nope'"),
     (["--tiny", "--device", "cpu", "--reps", "0"], "--reps must be >= 1"),
+    (["--tiny", "--device", "cpu", "--memory-elements", "100"], "--memory-elements must be a multiple of 32768"),
+    (["--tiny", "--device", "cpu", "--sustain-s", "nan"], "take seconds >= 0"),
+    (["--tiny", "--device", "cpu", "--sustain-block-s", "-1"], "take seconds >= 0"),
+    (["--tiny", "--device", "nope"], "--device 'nope' is not a device"),
 ])
 def test_a_mistake_is_one_line(tmp_path, capsys, argv, says) -> None:
     assert main(["--out", str(tmp_path / "o"), *argv]) == 1

@@ -41,6 +41,7 @@ import argparse
 import csv
 import datetime as _dt
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from harness.app.probe_kernels import (SMI_FIELDS, SMI_LIVE, backend_ctx, smi, stats, sustained, time_attention, time_attention_between,
+from harness.app.probe_kernels import (MEMORY_QUANTUM, SMI_FIELDS, SMI_LIVE, backend_ctx, smi, stats, sustained, time_attention, time_attention_between,
                                        time_fp8_gemms, time_gemms, time_memory, time_optimizer, timer)
 from harness.app.probe_model import SHAPES, TINY, Embed, Head, ProbeShape, Stack, init_, rope_table
 
@@ -230,6 +231,12 @@ def sustained_block(s: ProbeShape, device: torch.device, seconds: float, window_
                                        "smi_fields": SMI_LIVE, "smi": smi(SMI_LIVE) if device.type == "cuda" else ""}])
 
 
+def release(device: torch.device) -> None:
+    """Hand the caching allocator's free blocks back between parts (each part sizes its own tensors)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def probe(shapes: Sequence[ProbeShape], out: Path, device: torch.device, warmup: int, reps: int, sustain_s: float, seed: int = 0,
           compiled: Sequence[ProbeShape] = (), sustain_block_s: float = 0.0, memory_elements: int = 0, flash: Sequence[ProbeShape] = (),
           between: Sequence[ProbeShape] = (),
@@ -243,15 +250,13 @@ def probe(shapes: Sequence[ProbeShape], out: Path, device: torch.device, warmup:
     if memory_elements > 0:
         w.add("kernels.csv", time_memory(device, memory_elements, measure, warmup, reps, seed))
         log(f"memory-bound kernels: {len(w.rows['kernels.csv'])} rows")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release(device)
     if sustain_block_s > 0:
         s = shapes[0]
         sustained_block(s, device, sustain_block_s, max(sustain_block_s / 30, 0.1), seed, w)
         r = w.rows["sustained_block.csv"]
         log(f"{s.name}: block forward + backward {r[0]['median_s'] * 1e3:.2f} ms at first, {r[-1]['median_s'] * 1e3:.2f} ms after {r[-1]['after_s']} s")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release(device)
     for s in shapes:
         t0 = time.perf_counter()
         parts = _parts(s, device, dtype, seed)
@@ -260,16 +265,14 @@ def probe(shapes: Sequence[ProbeShape], out: Path, device: torch.device, warmup:
         log(f"{s.name}: units {time.perf_counter() - t0:.1f} s")
         w.add("ops.csv", profile_ops(s, steps, device))
         del parts, steps
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release(device)
         w.add("kernels.csv", time_gemms(s, device, dtype, measure, warmup, reps, seed))
         if s.family == "llama":
             w.add("kernels.csv", time_fp8_gemms(s, device, measure, warmup, reps, seed))
         w.add("kernels.csv", time_attention(s, device, dtype, measure, warmup, reps, seed))
         w.add("kernels.csv", time_optimizer(s, device, measure, warmup, reps))
         log(f"{s.name}: done {time.perf_counter() - t0:.1f} s")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release(device)
     for s in between:
         t0 = time.perf_counter()
         w.add("kernels.csv", time_attention(s, device, dtype, measure, warmup, reps, seed))
@@ -281,14 +284,12 @@ def probe(shapes: Sequence[ProbeShape], out: Path, device: torch.device, warmup:
         w.add("units.csv", units)
         w.add("ops.csv", ops)
         log(f"{s.name}: FlashAttention-2 block {time.perf_counter() - t0:.1f} s")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release(device)
     for s in compiled:
         t0 = time.perf_counter()
         w.add("units.csv", time_compiled(s, device, dtype, measure, warmup, reps, seed))
         log(f"{s.name}: compiled {time.perf_counter() - t0:.1f} s")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release(device)
     if sustain_s > 0:
         w.add("sustained.csv", sustained(device, dtype, sustain_s, 8192 if device.type == "cuda" else 256, seed))
         log(f"sustained: {w.rows['sustained.csv'][-1]['tflops']:.0f} TFLOP/s after {sustain_s:.0f} s")
@@ -317,13 +318,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown shape {unknown[0]!r}: use one of {', '.join(table)}", file=sys.stderr)
         return 1
-    device = torch.device(a.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but torch sees no CUDA GPU: run it on a GPU machine, or --device cpu --tiny", file=sys.stderr)
+    try:
+        device = torch.device(a.device)
+    except RuntimeError:
+        print(f"error: --device {a.device!r} is not a device torch knows: use cuda, cuda:N or cpu", file=sys.stderr)
         return 1
-    if a.reps < 1 or a.warmup < 0:
-        print("error: --reps must be >= 1 and --warmup >= 0", file=sys.stderr)
-        return 1
+    seconds = (a.sustain_s, a.sustain_block_s)
+    problems = [
+        (device.type == "cuda" and not torch.cuda.is_available(),
+         "--device cuda but torch sees no CUDA GPU: run it on a GPU machine, or --device cpu --tiny"),
+        (device.type == "cuda" and torch.cuda.is_available() and (device.index or 0) >= torch.cuda.device_count(),
+         f"--device {a.device} but torch sees {torch.cuda.device_count() if torch.cuda.is_available() else 0} GPU(s): use cuda:0 to cuda:N-1"),
+        (a.reps < 1 or a.warmup < 0, "--reps must be >= 1 and --warmup >= 0"),
+        (not all(math.isfinite(x) and x >= 0 for x in seconds), f"--sustain-s and --sustain-block-s take seconds >= 0 (0: none), got {seconds}"),
+        (a.memory_elements < 0 or a.memory_elements % MEMORY_QUANTUM,
+         f"--memory-elements must be a multiple of {MEMORY_QUANTUM} (0: none), got {a.memory_elements}"),
+    ]
+    for bad, message in problems:
+        if bad:
+            print(f"error: {message}", file=sys.stderr)
+            return 1
     probe([table[n] for n in (a.shapes or table)], Path(a.out), device, a.warmup, a.reps, a.sustain_s, a.seed,
           compiled=[table[n] for n in a.compile], sustain_block_s=a.sustain_block_s,
           memory_elements=a.memory_elements, flash=[table[n] for n in a.flash],

@@ -122,13 +122,19 @@ def time_fp8_gemms(s: ProbeShape, device: torch.device, measure: Any, warmup: in
     return rows
 
 
+def attention_operands(s: ProbeShape, device: torch.device, dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Seeded Q, K, V (leaves that take gradients) in the block's layout - transposed views of
+    (batch, seq, heads, dim) - and an output gradient."""
+    shape = (s.batch, s.seq, s.heads, s.head_dim)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=g).transpose(1, 2).requires_grad_(True) for _ in range(3))
+    return q, k, v, torch.randn(s.batch, s.heads, s.seq, s.head_dim, device=device, dtype=dtype, generator=g)
+
+
 def time_attention(s: ProbeShape, device: torch.device, dtype: torch.dtype, measure: Any, warmup: int, reps: int, seed: int) -> list[dict[str, Any]]:
     """``kernels.csv`` attention rows: causal SDPA forward and forward + backward, isolated, on
     the block's layout (queries, keys and values transposed views of (batch, seq, heads, dim))."""
     g = torch.Generator(device=device).manual_seed(seed)
-    shape = (s.batch, s.seq, s.heads, s.head_dim)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=g).transpose(1, 2).requires_grad_(True) for _ in range(3))
-    do = torch.randn(s.batch, s.heads, s.seq, s.head_dim, device=device, dtype=dtype, generator=g)
+    q, k, v, do = attention_operands(s, device, dtype, g)
 
     def fb() -> None:
         q.grad = k.grad = v.grad = None
@@ -155,9 +161,7 @@ def time_attention_between(s: ProbeShape, device: torch.device, dtype: torch.dty
     only), with nothing, the block's largest GEMM or a copy of the block's activations issued
     just before each call: does a kernel run slower right after a GEMM, as inside a step?"""
     g = torch.Generator(device=device).manual_seed(seed)
-    shape = (s.batch, s.seq, s.heads, s.head_dim)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=g).transpose(1, 2).requires_grad_(True) for _ in range(3))
-    do = torch.randn(s.batch, s.heads, s.seq, s.head_dim, device=device, dtype=dtype, generator=g)
+    q, k, v, do = attention_operands(s, device, dtype, g)
     x = torch.randn(s.tokens, s.hidden, device=device, dtype=dtype, generator=g)
     w = torch.randn(s.ffn, s.hidden, device=device, dtype=dtype, generator=g)
     src = torch.randn(s.tokens * s.hidden, device=device, dtype=dtype, generator=g)
@@ -227,6 +231,11 @@ def time_optimizer(s: ProbeShape, device: torch.device, measure: Any, warmup: in
     return rows
 
 
+#: the row width of the memory kernels' row-wise ops, and the logits' width of their log-softmax:
+#: the element count a memory probe takes is a multiple of the latter (which is one of the former)
+ROW, MEMORY_QUANTUM = 4096, 32768
+
+
 def memory_ops(n: int, device: torch.device, g: torch.Generator) -> list[tuple[str, Callable[[], Any], float]]:
     """(name, call, bytes read + written) of the memory-bound kernels a training step runs, over
     ``n`` elements: STREAM's copy / scale / add / triad in BF16 and FP32, the casts, the
@@ -239,10 +248,10 @@ def memory_ops(n: int, device: torch.device, g: torch.Generator) -> list[tuple[s
 
     a16, b16, c16 = t(bf), t(bf), t(bf)
     a32, b32, c32 = t(f32), t(f32), t(f32)
-    rows, h = n // 4096, 4096
+    rows, h = n // ROW, ROW
     x16, x32 = a16.view(rows, h), a32.view(rows, h)
     w, bias = t(bf, (h,)), t(bf, (h,))
-    vocab = 32768
+    vocab = MEMORY_QUANTUM
     lg = a32[: (n // vocab) * vocab].view(-1, vocab)
     ls = torch.log_softmax(lg, -1)
     B, F = 2, 4

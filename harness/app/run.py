@@ -91,11 +91,18 @@ def build(cfg: Any) -> tuple[Any, Cluster, Any, Any, Any]:
 
     source = instantiate(cfg.model, _recursive_=False)
     cluster = instantiate(cfg.cluster, _convert_="all")
-    # objects (not config values) are passed to a partial, so OmegaConf never sees them
-    costs = instantiate(cfg.costs, _partial_=True, _convert_="all")(cluster=cluster)
+    costs = build_costs(cfg, cluster)
     algo = build_algorithm(cfg)
     sim = instantiate(cfg.sim, _convert_="all")
     return source, cluster, costs, algo, sim
+
+
+def build_costs(cfg: Any, cluster: Cluster) -> Any:
+    """The cost model of ``cfg.costs`` for ``cluster`` (a whole cluster or a sub-cluster)."""
+    from hydra.utils import instantiate
+
+    # objects (not config values) are passed to a partial, so OmegaConf never sees them
+    return instantiate(cfg.costs, _partial_=True, _convert_="all")(cluster=cluster)
 
 
 def build_algorithm(cfg: Any) -> Any:
