@@ -270,8 +270,9 @@ def probe_lines(units: pd.DataFrame, classes: pd.DataFrame, attention: pd.DataFr
                           {"alone_ms": "{:.2f}", "after_gemm": "{:.3f}", "after_copy": "{:.3f}"}),
            ""] if between is not None and len(between) else []),
         f"* So on one 700 W H100 the model is within {fa2_dev:.0%} of a block's kernels, FlashAttention-2 included; the published H100",
-        "  rows' larger misses lie beyond one GPU's kernels: torchtitan's H100s run at 500 W (conf/cluster/torchtitan_h100.yaml),",
-        "  FSDP's collectives run beside the kernels, and the published runs used older software.  The embedding's backward (a",
+        "  rows' larger misses lie beyond one 700 W GPU's kernels: torchtitan's H100s run at 500 W (conf/cluster/torchtitan_h100.yaml;",
+        "  costed at the rate FBGEMM's GEMMs on such a board reached, `board: H100-500W`), FSDP's collectives run beside the",
+        "  kernels, and the published runs used older software.  The embedding's backward (a",
         "  sort and an index_put that the model costs as one pass) is several times the model, about 1 ms a step: left alone.",
         "",
     ]

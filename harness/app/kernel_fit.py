@@ -7,7 +7,8 @@ both directories' READMEs give the sources), fits one model per GPU, precision a
 on a seeded 70 % of the rows, reports the error on the other 30 % (and on the check rows: boards
 and kernels costed by a fit, never fitted), and with ``--write`` stores the fitted parameters in
 ``harness/data/kernel_calibration.json`` - the table :class:`harness.core.calibrated.CalibratedCostModel`
-reads.  ``--spread 0 1 2 3 4`` refits on other seeds' splits: how far the choice of held-out
+reads, beside the GEMMs timed on single boards (``a100_h100/board_gemm.csv``), stored unfitted for
+each board's own rate (:mod:`harness.core.board_rate`).  ``--spread 0 1 2 3 4`` refits on other seeds' splits: how far the choice of held-out
 rows alone moves each class's error.  The fit is deterministic: the same data and seed give the
 same table.
 
@@ -63,7 +64,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.app.kernel_samples import Samples, attention_samples, gemm_samples, launch_intervals, memory_rows
+from harness.app.kernel_samples import Samples, attention_samples, board_rows, gemm_samples, launch_intervals, memory_rows
 from harness.core.kernel_model import (
     ATTN_FLAGS, CONV_FLAGS, DATA, KNOTS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, TABLE_FORMAT, FitError, KernelModel,
     conv_flags,
@@ -376,6 +377,10 @@ def fit_all(data_dir: Path = GPU_DATA, seed: int = SEED, progress: bool = True) 
     rows += mem_rows
     coll, coll_rows = allreduce_fit(data_dir)
     rows += coll_rows
+    boards = board_rows(data_dir / "a100_h100")
+    for name, b in sorted(boards.items()):
+        notes.append(f"a100_h100/board_gemm.csv: {len(b['rows'])} {b['gpu']} GEMMs of board {name}, not fitted: the board's own "
+                     "rate against the family's fit (costs.devices.<kind>.board)")
     table = {
         "format": TABLE_FORMAT,
         "source": "P100 / V100: DeepBench (baidu-research/DeepBench da81ba7, results/train/DeepBench_NV_{P100,V100}.xlsx), "
@@ -385,7 +390,7 @@ def fit_all(data_dir: Path = GPU_DATA, seed: int = SEED, progress: bool = True) 
         "attention_flags": list(ATTN_FLAGS),
         "reference_peak_tflops": {f"{d}/{p}": v for (d, p), v in REFERENCE_PEAK_TFLOPS.items()},
         "reference_mem_bw_GBps": REFERENCE_MEM_BW_GBPS,
-        "notes": notes, "kernels": entries, "memory": memory,
+        "notes": notes, "kernels": entries, "memory": memory, "boards": boards,
         "allreduce": {"cluster": "deepbench_p100", "fits": coll},
     }
     return table, rows

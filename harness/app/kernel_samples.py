@@ -400,3 +400,27 @@ def launch_intervals(data_dir: Path = A100_H100_DATA) -> dict[str, dict[str, Any
             if family not in out or family == gpu:
                 out[family] = entry
     return out
+
+
+def board_rows(data_dir: Path = A100_H100_DATA) -> dict[str, dict[str, Any]]:
+    """Per board of ``board_gemm.csv`` (GEMMs timed on one board of a family whose power limit or
+    clocks differ from the boards the family's fits rest on - Meta's 500 W H100s), its family and
+    its rows (fit precision, m, n, k, seconds, kernel library, source): never fitted into the
+    family, read by :class:`harness.core.calibrated.CalibratedCostModel` as the board's own rate
+    (``costs.devices.<kind>.board``); none where the file is absent."""
+    path = Path(data_dir) / "board_gemm.csv"
+    if not path.exists():
+        return {}
+    df = _read(path.name, data_dir)
+    out: dict[str, dict[str, Any]] = {}
+    for row in df.itertuples():
+        gpu = str(row.gpu)
+        if gpu not in FAMILY:
+            raise SampleError(f"a100_h100/board_gemm.csv: board {row.board}'s GPU {gpu} is not an A100 or H100")
+        entry = out.setdefault(str(row.board), {"gpu": FAMILY[gpu], "rows": []})
+        if entry["gpu"] != FAMILY[gpu]:
+            raise SampleError(f"a100_h100/board_gemm.csv: board {row.board} lists GPUs of two families")
+        entry["rows"].append({"precision": gemm_precision(row.dtype), "m": int(row.m), "n": int(row.n), "k": int(row.k),
+                              "seconds": float(row.time_ms) * 1e-3, "library": str(row.library),
+                              "source": source_name(row.source)})
+    return out

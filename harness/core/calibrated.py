@@ -12,7 +12,8 @@ configured per device kind (``conf/costs/calibrated.yaml``, ``costs.devices.<kin
   kernels at the fraction of the datasheet bandwidth gpu-stream's read-and-write kernels reach,
   plus the measured back-to-back launch interval; a board of a family (A100 40 / 80 GB, H100
   SXM5 80 / 96 GB, H200) reads the family's efficiencies relative to its own peaks and
-  bandwidth;
+  bandwidth; a board with GEMMs timed on it (``costs.devices.<kind>.board``: the 500 W H100)
+  runs its tensor-core kernels at its own rate against those fits (:mod:`harness.core.board_rate`);
 * what a device's measured GPU lacks is read from another's fits by a documented transfer rule
   (:data:`harness.core.kernel_model.MATH_FITS`, ``FALLBACK``): the A100 / H100 convolutions and
   recurrent cells from the V100's, the H100's FP32 (CUDA-core) GEMMs from the A100's, and a
@@ -60,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from harness.core.board_rate import board_rate, rows_for
 from harness.core.cluster import Cluster, DeviceSpec
 from harness.core.costs import AnalyticalCostModel, CostModelError, affine_bytes, node_memory, refuse_unknown, with_measured
 from harness.core.checks import unit_fraction
@@ -86,13 +88,14 @@ class CalibrationError(UserError, ValueError):
 
 
 #: the keys of a ``costs.devices.<kind>`` entry
-DEVICE_ENTRY_KEYS: tuple[str, ...] = ("ref", "extrapolated", "memory")
+DEVICE_ENTRY_KEYS: tuple[str, ...] = ("ref", "extrapolated", "memory", "board")
 
 
-def _device_entry(entry: Any, key: str, memory: Mapping[str, Any]) -> dict[str, Any]:
+def _device_entry(entry: Any, key: str, memory: Mapping[str, Any], boards: Mapping[str, Any]) -> dict[str, Any]:
     """A ``costs.devices.<kind>`` entry, checked: a mapping of :data:`DEVICE_ENTRY_KEYS` whose
-    ``ref`` names a measured GPU of :data:`harness.core.kernel_model.MATH_FITS` and whose
-    ``memory``, if given, a bandwidth fit of the table."""
+    ``ref`` names a measured GPU of :data:`harness.core.kernel_model.MATH_FITS`, whose
+    ``memory``, if given, a bandwidth fit of the table and whose ``board``, if given, a board of
+    the table measured on ``ref``'s family (:mod:`harness.core.board_rate`)."""
     refs = " | ".join(MATH_FITS)
     if not isinstance(entry, Mapping):
         raise CalibrationError(f"{key} must be a mapping {{ref: {refs}, extrapolated: true | false}}, got {entry!r}")
@@ -103,6 +106,12 @@ def _device_entry(entry: Any, key: str, memory: Mapping[str, Any]) -> dict[str, 
         raise CalibrationError(f"{key}.ref must be one of {', '.join(MATH_FITS)}, got {entry.get('ref')!r}")
     if "memory" in entry and entry["memory"] not in memory:
         raise CalibrationError(f"{key}.memory must be one of {', '.join(memory) or '(none in the table)'}, got {entry['memory']!r}")
+    if "board" in entry:
+        if entry["board"] not in boards:
+            raise CalibrationError(f"{key}.board must be one of {', '.join(boards) or '(none in the table)'}, got {entry['board']!r}")
+        if boards[entry["board"]]["gpu"] != entry["ref"]:
+            raise CalibrationError(f"{key}.board {entry['board']} was measured on an {boards[entry['board']]['gpu']}, "
+                                   f"not on {key}.ref {entry['ref']}")
     return dict(entry)
 
 
@@ -115,6 +124,7 @@ class _ClassFit:
     peak: float
     kappa: float
     label: str  # e.g. "V100/fp16_mixed conv_fwd at the float16 peak (extrapolated)"
+    rate: float = 1.0  # the board's own rate (harness.core.board_rate): times over it
 
 
 class CalibratedCostModel:
@@ -141,7 +151,8 @@ class CalibratedCostModel:
         self.table_path = Path(table) if table else TABLE
         self.table = load_table(self.table_path)
         memory = self.table.get("memory", {})
-        self.devices = {str(k): _device_entry(v, f"costs.devices.{k}", memory) for k, v in devices.items()}
+        boards = self.table.get("boards", {})
+        self.devices = {str(k): _device_entry(v, f"costs.devices.{k}", memory, boards) for k, v in devices.items()}
         self.mem_eff = float(mem_efficiency)
         self.launch = float(launch_us) * 1e-6
         self.efficiency = dict(efficiency or {})
@@ -199,8 +210,26 @@ class CalibratedCostModel:
             what = "attention (FlashAttention-2)" if cls == "attention" else cls
             label = f"{gpu}/{prec} {what} at the {peak_key} peak" + (
                 " (extrapolated)" if transferred or cfg.get("extrapolated", False) else "")
-            self._fits[key] = _ClassFit(KernelModel.from_dict(self.table["kernels"][gpu][prec][cls]), peak, float(kappa), label)
+            rate, rate_label = self._board_rate(spec, gpu, prec) if "board" in cfg else (1.0, "")
+            self._fits[key] = _ClassFit(KernelModel.from_dict(self.table["kernels"][gpu][prec][cls]), peak, float(kappa),
+                                        label + rate_label, rate)
         return self._fits[key]
+
+    def _board_rate(self, spec: DeviceSpec, gpu: str, prec: str) -> tuple[float, str]:
+        """The rate of ``spec``'s configured board in fit precision ``prec`` and the label that
+        says so (:mod:`harness.core.board_rate`): its GEMMs of ``prec`` (else of BF16) against
+        the ``gpu`` GEMM fit of their precision at the board's own peak and balance."""
+        name = self.devices[spec.kind]["board"]
+        rows, of = rows_for(self.table["boards"][name]["rows"], prec)
+        # the GEMM fit of the rows' precision (a fit precision is also a math mode's name)
+        src = fit_source(self.table, gpu, spec.peak_flops, of, "gemm") if rows else None
+        if src is None:
+            return 1.0, f" (board {name}: no GEMMs measured to rate it)"
+        g, p, peak_key, _ = src
+        peak = float(spec.peak_flops[peak_key])
+        kappa = (peak / spec.mem_bw) / (REFERENCE_PEAK_TFLOPS[(g, p)] * 1e12 / (REFERENCE_MEM_BW_GBPS[g] * 1e9))
+        rate = board_rate(rows, KernelModel.from_dict(self.table["kernels"][g][p]["gemm"]), peak, kappa)
+        return rate, f" x {rate:.3f} (board {name}: {len(rows)} {of} GEMMs measured on it)"
 
     # ------------------------------------------------------------------ compute
     def node_times(self, graph: OpGraph, device: int, fraction: float = 1.0) -> np.ndarray:
@@ -298,10 +327,10 @@ class CalibratedCostModel:
         model = fit.model
         if kind == ATTN:
             gd, flags = attention_features(dims[:, 1], dims[:, 2], dims[:, 3], dims[:, 4], dims[:, 5])
-            return model.time(gd, flops, fit.peak, flags if model.flag_log.size else None)
+            return model.time(gd, flops, fit.peak, flags if model.flag_log.size else None) / fit.rate
         gd = self._gemm_dims(kind, dims, kt) / fit.kappa
         flags = conv_flags(dims[:, 5], dims[:, 6], dims[:, 7], dims[:, 8], dims[:, 1]) if model.flag_log.size else None
-        return model.time(gd, flops, fit.peak, flags)
+        return model.time(gd, flops, fit.peak, flags) / fit.rate
 
     def _sustained(self, seconds: np.ndarray) -> np.ndarray:
         """Kernel seconds as a training step sustains them: the isolated kernels' (the fits') over
