@@ -195,6 +195,36 @@ def micro_batch_lines(mbs: pd.DataFrame) -> list[str]:
     return lines
 
 
+def batch_pair_lines(bps: pd.DataFrame, sigma: float) -> list[str]:
+    """The README's section on BLOOM's global-batch pairs (:func:`experiments._llm_tables.batch_pair_table`):
+    how well the published step time follows the number of micro-batches, against the sweep's own
+    repeat noise ``sigma``."""
+    ok = bps.dropna(subset=["published_ratio", "simulated_ratio"]) if len(bps) else bps
+    if not len(ok):
+        return []
+    bound = 3 * sigma if math.isfinite(sigma) else math.nan
+    off = ok[ok["disagreement"].abs() > bound] if math.isfinite(bound) else ok.iloc[:0]
+    lines = [
+        "## BLOOM's global-batch pairs",
+        "",
+        "The sweep measured some plans at two global batches (the same GPUs, plan and micro-batch): the smaller batch runs",
+        "fewer micro-batches per step, so its step is shorter by about the micro-batches it drops (the bubble's share",
+        "grows).  Ratio: the smaller batch's step time over the larger's; `disagreement`: published over simulated, less 1.",
+        "",
+        frame_markdown(ok, list(ok.columns), {"published_ratio": "{:.3f}", "simulated_ratio": "{:.3f}", "disagreement": "{:+.1%}"}),
+        "",
+    ]
+    if math.isfinite(bound):
+        lines.append(f"{len(ok) - len(off)} of {len(ok)} pairs agree within three times the sweep's repeat noise ({bound:.1%})"
+                     + ("." if not len(off) else
+                        f"; {', '.join(f'{r.smaller} / {r.larger} ({r.disagreement:+.0%})' for r in off.itertuples())} do not: "
+                        "where the other pairs' steps shrink with their micro-batches as the simulated ones do, one row of such a "
+                        "pair is off by about that much.  No row is dropped for it; it is part of the floor under the sweep's "
+                        "rank correlation."))
+        lines.append("")
+    return lines
+
+
 def single_node_lines(single: pd.DataFrame, df: pd.DataFrame) -> list[str]:
     """The README's section on BigScience's one-node runs (``bloom_single_node.csv``): their ratios
     beside the sweep's, TP 8 against TP 8, to say whether the sweep's miss lies in the node or in the
@@ -229,7 +259,8 @@ def single_node_lines(single: pd.DataFrame, df: pd.DataFrame) -> list[str]:
 
 def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.DataFrame, spread: pd.DataFrame, eta: float, *,
                  quick: bool, minutes: float, extra: Sequence[str] = (), compiles: pd.DataFrame | None = None,
-                 single: pd.DataFrame | None = None, mbs: pd.DataFrame | None = None, probe: Sequence[str] = ()) -> None:
+                 single: pd.DataFrame | None = None, mbs: pd.DataFrame | None = None, bps: pd.DataFrame | None = None,
+                 probe: Sequence[str] = ()) -> None:
     """``out/README.md``: the verdict, where the simulation is right and where not and why, the BLOOM
     sweep, memory, the schedule pairs, the formula baseline, the floor and every row."""
     sim = df[(df["status"] == "simulated") & (df["ratio"] > 0)]
@@ -299,6 +330,7 @@ def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.D
              "simulated_mem_gib": "{:.1f}"}),
         "",
         *(micro_batch_lines(mbs) if mbs is not None else []),
+        *(batch_pair_lines(bps, sigma) if bps is not None else []),
         *(single_node_lines(single, df) if single is not None and len(single) else []),
         *probe,
         "## Memory per GPU",

@@ -448,6 +448,16 @@ def micro_batch_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
     return [(a, b) for a, b in _pairs(bloom, lambda j: True, lambda j: True, key) if a.micro_batch < b.micro_batch]
 
 
+def batch_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
+    """Pairs of BLOOM rows measured the same day (their ``notes``) that differ only in their global
+    batch (the sweep measured three plans at 1568 and 2048 sequences): (smaller batch row, larger)."""
+    def key(j: RowJob) -> tuple[object, ...]:
+        return (j.model, j.gpus, j.seq_len, j.precision, j.recompute, j.pp, j.dp, j.schedule, j.micro_batch,
+                algo_value(j, "tp"), algo_value(j, "zero"), algo_value(j, "stages"), j.notes)
+    bloom = [j for j in jobs if j.group.startswith("bloom") and j.expressed]
+    return [(a, b) for a, b in _pairs(bloom, lambda j: True, lambda j: True, key) if a.batch < b.batch]
+
+
 def compile_pairs(jobs: list[RowJob]) -> list[tuple[RowJob, RowJob]]:
     """Pairs of rows that differ only in torch.compile (torchtitan's Tables 1 and 3): (eager row, compiled row)."""
     return _pairs(jobs, lambda j: j.kernels == "eager", lambda j: j.kernels.startswith("compiled"),

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._llm_figures import error_summary, figure_of_time, fit_efficiency, kendall_tau_b, noise_tau, repeat_sigma
-from experiments._llm_rows import RowJob, compile_pairs, micro_batch_pairs, override_value, schedule_pairs
+from experiments._llm_rows import RowJob, batch_pairs, compile_pairs, micro_batch_pairs, override_value, schedule_pairs
 
 #: the 16-bit precisions the formula baseline's one peak describes
 SIXTEEN_BIT = ("amp_fp16", "amp_bf16")
@@ -159,6 +159,26 @@ def micro_batch_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
         for name in ("published", "simulated"):
             ta, tb = float(ra[f"{name}_time_s"]), float(rb[f"{name}_time_s"])
             rec[f"{name}_speedup"] = ta / tb if math.isfinite(ta) and math.isfinite(tb) and tb > 0 else math.nan
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def batch_pair_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
+    """BLOOM's global-batch pairs (:func:`experiments._llm_rows.batch_pairs`): the smaller batch's
+    step time over the larger's, published and simulated, and how far the published ratio is from
+    the simulated one (``disagreement``: published / simulated - 1)."""
+    by = df.set_index("row_id")
+    rows = []
+    for a, b in batch_pairs(list(jobs)):
+        if a.row_id not in by.index or b.row_id not in by.index:
+            continue
+        ra, rb = by.loc[a.row_id], by.loc[b.row_id]
+        rec: dict[str, Any] = {"smaller": a.row_id, "larger": b.row_id, "plan": str(ra["plan"]),
+                               "sequences": f"{a.batch} -> {b.batch}"}
+        for name in ("published", "simulated"):
+            ta, tb = float(ra[f"{name}_time_s"]), float(rb[f"{name}_time_s"])
+            rec[f"{name}_ratio"] = ta / tb if math.isfinite(ta) and math.isfinite(tb) and tb > 0 else math.nan
+        rec["disagreement"] = rec["published_ratio"] / rec["simulated_ratio"] - 1
         rows.append(rec)
     return pd.DataFrame(rows)
 

@@ -40,7 +40,8 @@ from experiments._llm_probe import attention_table, between_table, class_table, 
 from experiments._llm_figures import convention_flops, convention_key, figure_flops, formula_ideal, time_of_figure
 from experiments._llm_report import plot, write_readme
 from experiments._llm_rows import SINGLE_NODE, RowJob, load_rows, row_job
-from experiments._llm_tables import add_formula, compile_table, micro_batch_table, pair_table, row_table, summary_table
+from experiments._llm_tables import (add_formula, batch_pair_table, compile_table, micro_batch_table, pair_table, row_table,
+                                     summary_table)
 from experiments.common import experiment_args, output_dir, print_table
 from experiments.gpu_accuracy import write_csv
 from harness.app.compose import compose
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = pair_table(df, jobs)
     compiles = compile_table(df, jobs)
     mbs = micro_batch_table(df, jobs)
+    bps = batch_pair_table(df, jobs)
     summary = summary_table(df, pairs, compiles)
     spread = fit_spread(jobs, df, seeds, a.override) if seeds else pd.DataFrame()
     node_jobs = [row_job(r) for r in one_node]
@@ -181,12 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(single, out / "single_node.csv")
     if len(mbs):
         write_csv(mbs, out / "micro_batch_pairs.csv")
+    if len(bps):
+        write_csv(bps, out / "batch_pairs.csv")
     h100 = cost_model()
     probe_units, probe_classes, probe_attention = probe_table(h100), class_table(h100), attention_table(h100)
     write_csv(probe_units, out / "h100_probe.csv")
     write_csv(probe_classes, out / "h100_probe_classes.csv")
     plot(df, out / "predicted_vs_published.png")
-    write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, single=single, mbs=mbs, quick=a.quick, minutes=(time.perf_counter() - t0) / 60,
+    write_readme(out, df, summary, pairs, spread, eta, compiles=compiles, single=single, mbs=mbs, bps=bps, quick=a.quick, minutes=(time.perf_counter() - t0) / 60,
                  extra=a.override, probe=probe_lines(probe_units, probe_classes, probe_attention, sustained_summary(), between_table()))
     print_table(df.to_dict("records"), ["row_id", "published_kind", "published", "simulated", "ratio", "formula_ratio", "status"],
                 title="simulated / published (ratio: of iteration times)")

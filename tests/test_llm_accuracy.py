@@ -17,7 +17,7 @@ from experiments._llm_figures import (
 )
 from experiments._llm_tables import compile_table, row_table
 from experiments._llm_rows import (
-    PUBLISHED, SINGLE_NODE, algo_value, compile_pairs, counts_runtime, micro_batch_pairs, load_rows, memory_gib, precision_of, published_figure, row_job, schedule_pairs, torchtitan_stages,
+    PUBLISHED, SINGLE_NODE, algo_value, batch_pairs, compile_pairs, counts_runtime, micro_batch_pairs, load_rows, memory_gib, precision_of, published_figure, row_job, schedule_pairs, torchtitan_stages,
 )
 from harness.app.compose import CONF, compose
 from harness.core.llm.source import LLMModel
@@ -282,6 +282,29 @@ def test_micro_batch_pairs_differ_in_their_micro_batch_alone():
         assert (a.model, a.batch, a.precision, a.pp, a.dp) == (b.model, b.batch, b.precision, b.pp, b.dp)
         assert all(algo_value(a, k) == algo_value(b, k) for k in ("tp", "zero", "stages"))
     assert not any("BLOOM-ZS-2" in pair for pair in ids)  # ZeRO-0 pairs with no ZeRO-1 row
+
+
+def test_batch_pairs_differ_in_their_global_batch_alone():
+    """The sweep's three plans measured at 1568 and 2048 sequences, and nothing else."""
+    pairs = batch_pairs(JOBS)
+    assert {(a.row_id, b.row_id) for a, b in pairs} == {("BLOOM-SWEEP-1", "BLOOM-SWEEP-2"), ("BLOOM-SWEEP-4", "BLOOM-SWEEP-5"),
+                                                        ("BLOOM-SWEEP-6", "BLOOM-SWEEP-7")}
+    for a, b in pairs:
+        assert a.batch < b.batch and (a.model, a.micro_batch, a.pp, a.dp) == (b.model, b.micro_batch, b.pp, b.dp)
+
+
+def test_the_batch_pair_section_names_the_pairs_beyond_the_noise():
+    """A pair whose published ratio departs from the simulated one by more than three times the
+    repeat noise is named with its disagreement; one within it is not."""
+    from experiments._llm_report import batch_pair_lines
+
+    bps = pd.DataFrame({"smaller": ["A", "B"], "larger": ["C", "D"], "plan": "TP8 PP6", "sequences": "1568 -> 2048",
+                        "published_ratio": [0.99, 0.80], "simulated_ratio": [0.80, 0.80]})
+    bps["disagreement"] = bps["published_ratio"] / bps["simulated_ratio"] - 1
+    text = " ".join(batch_pair_lines(bps, 0.019))
+    assert "1 of 2 pairs agree within three times the sweep's repeat noise (5.7%); A / C (+24%) do not" in text
+    assert "B / D" not in text.split("do not")[0].split("agree")[-1]
+    assert batch_pair_lines(bps.iloc[:0], 0.019) == []
 
 
 @pytest.mark.parametrize("pub, says", [(1.08, True), (0.97, False)])
