@@ -154,13 +154,19 @@ def micro_batch_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
         if a.row_id not in by.index or b.row_id not in by.index:
             continue
         ra, rb = by.loc[a.row_id], by.loc[b.row_id]
-        rec: dict[str, Any] = {"smaller": a.row_id, "larger": b.row_id, "plan": str(ra["plan"]).replace(f" mb{a.micro_batch} ", " "),
-                               "micro_batches": f"{a.micro_batch} -> {b.micro_batch}"}
-        for name in ("published", "simulated"):
-            ta, tb = float(ra[f"{name}_time_s"]), float(rb[f"{name}_time_s"])
-            rec[f"{name}_speedup"] = ta / tb if math.isfinite(ta) and math.isfinite(tb) and tb > 0 else math.nan
-        rows.append(rec)
+        rows.append({"smaller": a.row_id, "larger": b.row_id, "plan": str(ra["plan"]).replace(f" mb{a.micro_batch} ", " "),
+                     "micro_batches": f"{a.micro_batch} -> {b.micro_batch}", **time_ratios(ra, rb, "speedup")})
     return pd.DataFrame(rows)
+
+
+def time_ratios(ra: Any, rb: Any, what: str) -> dict[str, float]:
+    """Row ``ra``'s published and simulated time over row ``rb``'s (``published_<what>``,
+    ``simulated_<what>``; NaN where a time is missing)."""
+    out = {}
+    for name in ("published", "simulated"):
+        ta, tb = float(ra[f"{name}_time_s"]), float(rb[f"{name}_time_s"])
+        out[f"{name}_{what}"] = ta / tb if math.isfinite(ta) and math.isfinite(tb) and tb > 0 else math.nan
+    return out
 
 
 def batch_pair_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
@@ -174,10 +180,7 @@ def batch_pair_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
             continue
         ra, rb = by.loc[a.row_id], by.loc[b.row_id]
         rec: dict[str, Any] = {"smaller": a.row_id, "larger": b.row_id, "plan": str(ra["plan"]),
-                               "sequences": f"{a.batch} -> {b.batch}"}
-        for name in ("published", "simulated"):
-            ta, tb = float(ra[f"{name}_time_s"]), float(rb[f"{name}_time_s"])
-            rec[f"{name}_ratio"] = ta / tb if math.isfinite(ta) and math.isfinite(tb) and tb > 0 else math.nan
+                               "sequences": f"{a.batch} -> {b.batch}", **time_ratios(ra, rb, "ratio")}
         rec["disagreement"] = rec["published_ratio"] / rec["simulated_ratio"] - 1
         rows.append(rec)
     return pd.DataFrame(rows)

@@ -8,9 +8,9 @@ on a seeded 70 % of the rows, reports the error on the other 30 % (and on the ch
 and kernels costed by a fit, never fitted), and with ``--write`` stores the fitted parameters in
 ``harness/data/kernel_calibration.json`` - the table :class:`harness.core.calibrated.CalibratedCostModel`
 reads, beside the GEMMs timed on single boards (``a100_h100/board_gemm.csv``), stored unfitted for
-each board's own rate (:mod:`harness.core.board_rate`).  ``--spread 0 1 2 3 4`` refits on other seeds' splits: how far the choice of held-out
-rows alone moves each class's error.  The fit is deterministic: the same data and seed give the
-same table.
+each board's own rate (:mod:`harness.core.board_rate`).  ``--spread 0 1 2 3 4`` refits on other
+seeds' splits: how far the choice of held-out rows alone moves each class's error.  The fit is
+deterministic: the same data and seed give the same table.
 
 The kernel model (one per device, precision and class; ``F`` FLOPs, ``P`` the peak of the
 precision's math, ``(m, n, k)`` the kernel's GEMM dims)::
