@@ -46,7 +46,12 @@ def test_the_probe_writes_every_file_with_a_row_per_unit_pass_and_kernel(probed)
     kernels = pd.read_csv(probed / "kernels.csv")
     for shape, s in TINY.items():
         gemm = kernels[(kernels["shape"] == shape) & (kernels["kernel"] == "gemm")]
-        assert len(gemm) == 3 * len(linears(s))                             # forward, input and weight gradient of each
+        fp8 = gemm["dtype"].str.startswith("float8")
+        assert (~fp8).sum() == 3 * len(linears(s))                          # forward, input and weight gradient of each
+        # the Llama shapes' FP8 recipes: tensor-wise and row-wise, each pass; row-wise rescaled, the gradients'
+        want = {"float8": 3, "float8_rowwise": 3, "float8_rowwise_rescaled": 2} if s.family == "llama" else {}
+        assert gemm[fp8]["dtype"].value_counts().to_dict() == {d: c * len(linears(s)) for d, c in want.items()}
+        assert set(gemm[gemm["dtype"] == "float8_rowwise_rescaled"]["pass"]) <= {"bwd_input", "bwd_weight"}
         flops = 2.0 * gemm["m"] * gemm["n"] * gemm["k"]
         np.testing.assert_allclose(gemm["tflops"], flops / gemm["median_s"] / 1e12, rtol=1e-9)
     mem = kernels[kernels["kernel"] == "memory"]

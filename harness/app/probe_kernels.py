@@ -88,13 +88,20 @@ def time_gemms(s: ProbeShape, device: torch.device, dtype: torch.dtype, measure:
 
 
 def time_fp8_gemms(s: ProbeShape, device: torch.device, measure: Any, warmup: int, reps: int, seed: int) -> list[dict[str, Any]]:
-    """``kernels.csv`` FP8 GEMM rows (``torch._scaled_mm``, tensor-wise scales, BF16 output) of
-    every linear layer, as the Float8 training recipe calls them: E4M3 activations and weights,
-    E5M2 output gradients; the forward with fast accumulation, the gradients without (its
-    default).  Operands are made in the layouts the kernel needs before timing (the casts and
-    transposes the recipe adds are memory-bound kernels of their own).  Nothing where the GPU or
-    build has no FP8 GEMM."""
-    if device.type != "cuda" or not hasattr(torch, "_scaled_mm") or torch.cuda.get_device_capability(device) < (8, 9):
+    """``kernels.csv`` FP8 GEMM rows (``torch._scaled_mm``, BF16 output) of every linear layer, as
+    torchao's Float8 training recipes call them, operands made in the layouts the kernel needs
+    before timing (the casts and transposes a recipe adds are memory-bound kernels of their own):
+
+    * ``float8``, the tensor-wise recipe (cuBLAS): E4M3 activations and weights, E5M2 output
+      gradients, one scale per tensor; the forward with fast accumulation, the gradients without;
+    * ``float8_rowwise``, the row-wise recipe (PyTorch's CUTLASS kernel): every operand E4M3, a
+      scale per row of the left operand and per column of the right, the same accumulation;
+    * ``float8_rowwise_rescaled``: the gradients' GEMMs as torchao ran the row-wise recipe's
+      slow-accumulation GEMMs from late 2024 (pytorch/ao#1325): the tensor-wise cuBLAS GEMM with
+      unit scales, then the row and column scales applied to its output by one multiply.
+
+    Nothing where the GPU or build has no FP8 GEMM (a CUDA GPU below compute capability 8.9)."""
+    if not hasattr(torch, "_scaled_mm") or (device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9)):
         return []
     g = torch.Generator(device=device).manual_seed(seed)
     one = torch.ones((), device=device)
@@ -105,20 +112,30 @@ def time_fp8_gemms(s: ProbeShape, device: torch.device, measure: Any, warmup: in
     def col(t: torch.Tensor) -> torch.Tensor:  # the same matrix, column-major
         return t.t().contiguous().t()
 
+    def rescaled(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, use_fast_accum=False) * (sa * sb)
+
     for name, k, n in linears(s):
-        x = torch.randn(m, k, device=device, generator=g).to(e4)
-        w = torch.randn(n, k, device=device, generator=g).to(e4)
-        dy = torch.randn(m, n, device=device, generator=g).to(e5)
-        calls = {"forward": (x, w.t(), True, m, n, k), "bwd_input": (dy, col(w.float()).to(e4), False, m, k, n),
-                 "bwd_weight": (dy.t().contiguous(), col(x.float()).to(e4), False, n, k, m)}
-        for phase, (a, b, fast, mm, nn_, kk) in calls.items():
-            try:
-                st = stats(measure(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, use_fast_accum=fast), warmup, reps))
-            except RuntimeError as e:
-                print(f"{s.name}: fp8 {name} {phase}: {str(e).splitlines()[0][:120]}", flush=True)
-                continue
-            rows.append({"shape": s.name, "kernel": "gemm", "name": name, "pass": phase, "m": mm, "n": nn_, "k": kk, "dtype": "float8",
-                         **st, "tflops": 2.0 * mm * nn_ * kk / st["median_s"] / 1e12})
+        x = torch.randn(m, k, device=device, generator=g)
+        w = torch.randn(n, k, device=device, generator=g)
+        dy = torch.randn(m, n, device=device, generator=g)
+        for dtype, dy_type in (("float8", e5), ("float8_rowwise", e4)):
+            a_b = {"forward": (x.to(e4), w.to(e4).t(), True, m, n, k),
+                   "bwd_input": (dy.to(dy_type), col(w).to(e4), False, m, k, n),
+                   "bwd_weight": (dy.t().contiguous().to(dy_type), col(x).to(e4), False, n, k, m)}
+            for phase, (a, b, fast, mm, nn_, kk) in a_b.items():
+                sa, sb = (one, one) if dtype == "float8" else (torch.ones(mm, 1, device=device), torch.ones(1, nn_, device=device))
+                calls = {dtype: lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast)}
+                if dtype == "float8_rowwise" and not fast:
+                    calls["float8_rowwise_rescaled"] = lambda: rescaled(a, b, sa, sb)
+                for label, fn in calls.items():
+                    try:
+                        st = stats(measure(fn, warmup, reps))
+                    except RuntimeError as e:
+                        print(f"{s.name}: {label} {name} {phase}: {str(e).splitlines()[0][:120]}", flush=True)
+                        continue
+                    rows.append({"shape": s.name, "kernel": "gemm", "name": name, "pass": phase, "m": mm, "n": nn_, "k": kk, "dtype": label,
+                                 **st, "tflops": 2.0 * mm * nn_ * kk / st["median_s"] / 1e12})
     return rows
 
 
