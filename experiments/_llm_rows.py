@@ -56,6 +56,14 @@ MPT_SHAPES: dict[str, tuple[int, int, int]] = {"7b": (32, 4096, 32), "13b": (40,
 MPT_ARCH = ("model.position=learned", "model.norm=layernorm", "model.linear_bias=true", "model.tied_embeddings=true",
             "model.gated_mlp=false", "model.attention=flash", "model.dropout=false", "model.vocab=50368")
 
+#: the attention kernel the benchmark ran, against the one simulated
+MPT_ATTENTION = ("attention: llm-foundry's Triton FlashAttention (attn_impl: triton, the default of "
+                 "scripts/train/benchmarking/submit_benchmarks.py and of the MPT yamls when the tables were added, "
+                 "mosaicml/llm-foundry@b2a43a1) simulated as FlashAttention-2: on an A100 that Triton kernel ran forward + "
+                 "backward at 0.42-0.52 of FlashAttention-2's rate (0.44 causal at 2,048 tokens; a100_h100/attention.csv, "
+                 "head dim 128), on an H100 "
+                 "it was not measured; attention is 2-4 % of these steps' FLOPs")
+
 #: torchtitan's train_configs (pytorch/torchtitan@9dec370 and @820504e, llama3_*.toml): seq_len 8192
 TORCHTITAN_SEQ = 8192
 #: FP8 recipes a row may name and the precision that runs each (None: not in the harness yet)
@@ -374,6 +382,7 @@ def _mosaic(row: Mapping[str, str]) -> _Draft:
                                   if a100 else "superpod_h100 (8 x 400 Gb/s per node): the H100 fabric is not stated"))
     if "pure" in row["precision"].lower():
         d.notes.append("FSDP's PURE mixed precision (BF16 compute and gradient reduction) simulated as amp_bf16")
+    d.notes.append(MPT_ATTENTION)
     return d
 
 
