@@ -54,15 +54,18 @@ SC21_SCRIPT: dict[tuple[int, int], tuple[int, int, str]] = {
 #: the parameter counts this gives are the table's NumParams exactly (64,862,437,376 for 70b)
 MPT_SHAPES: dict[str, tuple[int, int, int]] = {"7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56), "70b": (80, 8192, 64)}
 MPT_ARCH = ("model.position=learned", "model.norm=layernorm", "model.linear_bias=true", "model.tied_embeddings=true",
-            "model.gated_mlp=false", "model.attention=flash", "model.dropout=false", "model.vocab=50368")
+            "model.gated_mlp=false", "model.dropout=false", "model.vocab=50368")
 
-#: the attention kernel the benchmark ran, against the one simulated
-MPT_ATTENTION = ("attention: llm-foundry's Triton FlashAttention (attn_impl: triton, the default of "
-                 "scripts/train/benchmarking/submit_benchmarks.py and of the MPT yamls when the tables were added, "
-                 "mosaicml/llm-foundry@b2a43a1) simulated as FlashAttention-2: on an A100 that Triton kernel ran forward + "
-                 "backward at 0.42-0.52 of FlashAttention-2's rate (0.44 causal at 2,048 tokens; a100_h100/attention.csv, "
-                 "head dim 128), on an H100 "
-                 "it was not measured; attention is 2-4 % of these steps' FLOPs")
+#: the attention kernel the benchmark ran (attn_impl: triton, the default of scripts/train/benchmarking/submit_benchmarks.py
+#: and of the MPT yamls when the tables were added, mosaicml/llm-foundry@b2a43a1): on an A100 simulated as that kernel
+#: (its rate measured beside FlashAttention-2), on an H100, where nobody timed it, as FlashAttention-2
+MPT_ATTENTION_SOURCE = ("llm-foundry's Triton FlashAttention (attn_impl: triton, the default of "
+                        "scripts/train/benchmarking/submit_benchmarks.py and of the MPT yamls when the tables were added, "
+                        "mosaicml/llm-foundry@b2a43a1)")
+MPT_ATTENTION = {True: f"attention: {MPT_ATTENTION_SOURCE}, model.attention=flash_triton: FlashAttention's benchmark timed that "
+                       "kernel forward + backward on an A100 at 0.42-0.52 of FlashAttention-2's rate (a100_h100/attention.csv)",
+                 False: f"attention: {MPT_ATTENTION_SOURCE} simulated as FlashAttention-2: that kernel was not timed on an H100 (on "
+                        "an A100 it ran at 0.42-0.52 of FlashAttention-2's rate); attention is 2-4 % of these steps' FLOPs"}
 
 #: torchtitan's train_configs (pytorch/torchtitan@9dec370 and @820504e, llama3_*.toml): seq_len 8192
 TORCHTITAN_SEQ = 8192
@@ -376,13 +379,14 @@ def _mosaic(row: Mapping[str, str]) -> _Draft:
         return d
     layers, h, heads = MPT_SHAPES[size]
     d.shape = (f"model.layers={layers}", f"model.hidden={h}", f"model.heads={heads}", f"model.kv_heads={heads}",
-               f"model.ffn_hidden={4 * h}", f"model.seq_len={d.seq_len}", f"model.batch_size={d.batch}", *MPT_ARCH)
+               f"model.ffn_hidden={4 * h}", f"model.seq_len={d.seq_len}", f"model.batch_size={d.batch}", *MPT_ARCH,
+               f"model.attention={'flash_triton' if a100 else 'flash'}")
     d.notes.append(f"MPT-{size}'s shape from llm-foundry's yamls (the row gives only its name)")
     d.notes.append("cluster: " + ("superpod_a100, whose 8 x 200 Gb/s per node is the row's 1600 Gb/s (RoCE there, InfiniBand here)"
                                   if a100 else "superpod_h100 (8 x 400 Gb/s per node): the H100 fabric is not stated"))
     if "pure" in row["precision"].lower():
         d.notes.append("FSDP's PURE mixed precision (BF16 compute and gradient reduction) simulated as amp_bf16")
-    d.notes.append(MPT_ATTENTION)
+    d.notes.append(MPT_ATTENTION[a100])
     return d
 
 

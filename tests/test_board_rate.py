@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from harness.app.compose import compose
 from harness.app.kernel_samples import SampleError, board_rows
 from harness.app.run import build
-from harness.core.board_rate import board_rate, rows_for
+from harness.core.board_rate import attention_rates, board_rate, impl_rate, rows_for
 from harness.core.calibrated import CalibratedCostModel, CalibrationError
 from harness.core.kernel_model import KernelModel, load_table
 from harness.core.kernels import ATTN, GEMM, MEM, NCOLS, KernelTable
@@ -133,3 +133,78 @@ def test_the_table_carries_the_boards_rows() -> None:
     rows = table["boards"][BOARD]["rows"]
     assert all(r["seconds"] > 0 for r in rows)
     assert not any("FBGEMM" in s for s in table["kernels"]["H100"]["bf16"]["gemm"]["rests_on"])
+
+
+# ---------------------------------------------------------------------------- another attention kernel
+def a100_costs() -> Any:
+    return build(compose(["model=lenet5", "cluster=superpod_a100", "cluster.nodes=1"]))[2]
+
+
+def test_a_triton_attention_row_costs_flashattention2s_time_over_its_measured_rate() -> None:
+    """On an A100, an ``ATTN`` row naming llm-foundry's Triton kernel (impl 1) costs the
+    FlashAttention-2 row's time over the median rate of that kernel's measured rows of the same
+    causality and nearest head size; impl 0 rows are untouched; the report names the kernel."""
+    costs = a100_costs()
+    rows = [(ATTN, [128, 2048, 2048, 128, 1, 0, 1, 0], 0, BF16), (ATTN, [128, 2048, 2048, 128, 1, 0, 1, 1], 0, BF16),
+            (ATTN, [128, 2048, 2048, 128, 1, 1, 1, 1], 0, BF16), (ATTN, [256, 4096, 4096, 64, 0, 0, 1, 1], 0, BF16)]
+    t = costs.node_times(graph_of(rows), 0)
+    table = load_table()
+    measured = table["attention_impls"]["A100"]["flash_triton"]["rows"]
+    rates = attention_rates(measured, KernelModel.from_dict(table["kernels"]["A100"]["fp16"]["attention"]), 312e12)
+    causal128, full64 = impl_rate(measured, rates, True, 128), impl_rate(measured, rates, False, 64)
+    assert 0.3 < causal128 < 0.7 and causal128 != pytest.approx(full64, rel=1e-3)
+    assert t[1] == pytest.approx(t[0] / causal128, rel=1e-12)
+    fa2 = costs.node_times(graph_of([(ATTN, [128, 2048, 2048, 128, 1, 1, 1, 0], 0, BF16),
+                                     (ATTN, [256, 4096, 4096, 64, 0, 0, 1, 0], 0, BF16)]), 0)
+    assert t[2] == pytest.approx(fa2[0] / causal128, rel=1e-12) and t[3] == pytest.approx(fa2[1] / full64, rel=1e-12)
+    assert "flash_triton attention at its rate against A100 FlashAttention-2 (24 rows measured)" in costs.report()["devices"]["A100-SXM4-80GB"]
+
+
+def test_a_kernel_nobody_timed_on_a_gpu_is_a_one_line_error(costs: Any) -> None:
+    g = graph_of([(ATTN, [128, 2048, 2048, 128, 1, 0, 1, 1], 0, BF16)])
+    with pytest.raises(CalibrationError, match="model.attention=flash_triton: that kernel was measured on A100 only, not on an H100: "
+                                               "use model.attention=flash there"):
+        costs.node_times(g, 0)
+
+
+def test_impl_rate_takes_the_same_causality_at_the_nearest_head_size() -> None:
+    rows = [{"causal": True, "head_dim": 64}, {"causal": True, "head_dim": 128}, {"causal": True, "head_dim": 128},
+            {"causal": False, "head_dim": 128}]
+    rates = [0.9, 0.4, 0.6, 0.7]
+    assert impl_rate(rows, rates, True, 128) == pytest.approx(0.5)
+    assert impl_rate(rows, rates, True, 80) == pytest.approx(0.9)      # 64 is nearer than 128
+    assert impl_rate(rows, rates, False, 64) == pytest.approx(0.7)     # the only non-causal rows
+
+
+@settings(max_examples=20, deadline=None)
+@given(rate=st.floats(0.2, 1.2), causal=st.booleans(), both=st.booleans(), d=st.sampled_from([64, 128, 256]),
+       s=st.sampled_from([512, 2048, 8192]))
+def test_attention_rates_recover_a_uniform_slowdown(rate: float, causal: bool, both: bool, d: int, s: int) -> None:
+    """Rows timed at ``rate`` of the FlashAttention-2 model's own time give that rate back."""
+    model = KernelModel.from_dict(load_table()["kernels"]["A100"]["fp16"]["attention"])
+    row = {"pass": "fwd+bwd" if both else "fwd", "causal": causal, "head_dim": d, "seqlen": s, "bh": 16384 // s * 16, "seconds": 1.0}
+    own = attention_rates([row], model, 312e12)[0]          # the model's time over 1 s: the model's time
+    row["seconds"] = own / rate
+    assert attention_rates([row], model, 312e12)[0] == pytest.approx(rate, rel=1e-9)
+
+
+def test_flash_triton_is_flashattention_in_every_count_but_its_kernel() -> None:
+    """The spec takes ``attention=flash_triton``; its block has the FLOPs, stored bytes and kernels of
+    ``flash`` with the attention rows naming kernel 1."""
+    from harness.core.llm.block_work import block_work
+    from harness.core.llm.shard import Shard
+    from harness.core.llm.spec import TransformerSpec
+
+    def spec(attention: str) -> TransformerSpec:
+        return TransformerSpec("mpt", 2, 256, 4, 4, 1024, False, 128, 512, True, position="learned", norm="layernorm",
+                               linear_bias=True, attention=attention)
+
+    a, b = spec("flash"), spec("flash_triton")
+    assert b.fused_attention and not spec("eager").fused_attention
+    wa, wb = (block_work(x, 128, "amp_bf16", Shard(micro_batch=2), False) for x in (a, b))
+    for phase in ("fwd", "bwd_input"):
+        ka, kb = getattr(wa, phase), getattr(wb, phase)
+        attn = kb.kind == ATTN
+        assert attn.any() and (kb.dims[attn, 7] == 1).all() and (ka.dims[ka.kind == ATTN, 7] == 0).all()
+        np.testing.assert_array_equal(ka.flops(), kb.flops())
+    assert wa.stored_bytes == wb.stored_bytes

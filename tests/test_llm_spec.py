@@ -99,7 +99,7 @@ def test_counts_by_hand_for_a_small_gqa_moe_model():
     (["model.gated_mlp=yes"], "model.gated_mlp must be true or false"),
     (["model.position=sinusoidal"], "model.position must be one of rope, learned, alibi"),
     (["model.norm=batchnorm"], "model.norm must be one of rmsnorm, layernorm"),
-    (["model.attention=sdpa"], "model.attention must be one of flash, eager"),
+    (["model.attention=sdpa"], "model.attention must be one of flash, flash_triton, eager"),
     (["model.experts=-1"], "model.experts must be an integer >= 0"),
     (["model.top_k=2"], "model.top_k=2 needs a mixture of experts"),
     (["model.shared_experts=2"], "model.shared_experts=2 needs a mixture of experts"),

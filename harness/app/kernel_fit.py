@@ -64,7 +64,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.app.kernel_samples import Samples, attention_samples, board_rows, gemm_samples, launch_intervals, memory_rows
+from harness.app.kernel_samples import (Samples, attention_impl_rows, attention_samples, board_rows, gemm_samples, launch_intervals,
+                                        memory_rows)
 from harness.core.kernel_model import (
     ATTN_FLAGS, CONV_FLAGS, DATA, KNOTS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, TABLE_FORMAT, FitError, KernelModel,
     conv_flags,
@@ -381,6 +382,11 @@ def fit_all(data_dir: Path = GPU_DATA, seed: int = SEED, progress: bool = True) 
     for name, b in sorted(boards.items()):
         notes.append(f"a100_h100/board_gemm.csv: {len(b['rows'])} {b['gpu']} GEMMs of board {name}, not fitted: the board's own "
                      "rate against the family's fit (costs.devices.<kind>.board)")
+    impls = attention_impl_rows(data_dir / "a100_h100")
+    for fam, per in sorted(impls.items()):
+        for name, entry in sorted(per.items()):
+            notes.append(f"a100_h100/attention.csv: {len(entry['rows'])} {fam} rows of model.attention={name}, not fitted: its rate "
+                         "against the family's FlashAttention-2 fit")
     table = {
         "format": TABLE_FORMAT,
         "source": "P100 / V100: DeepBench (baidu-research/DeepBench da81ba7, results/train/DeepBench_NV_{P100,V100}.xlsx), "
@@ -390,7 +396,7 @@ def fit_all(data_dir: Path = GPU_DATA, seed: int = SEED, progress: bool = True) 
         "attention_flags": list(ATTN_FLAGS),
         "reference_peak_tflops": {f"{d}/{p}": v for (d, p), v in REFERENCE_PEAK_TFLOPS.items()},
         "reference_mem_bw_GBps": REFERENCE_MEM_BW_GBPS,
-        "notes": notes, "kernels": entries, "memory": memory, "boards": boards,
+        "notes": notes, "kernels": entries, "memory": memory, "boards": boards, "attention_impls": impls,
         "allreduce": {"cluster": "deepbench_p100", "fits": coll},
     }
     return table, rows

@@ -17,9 +17,11 @@ it (that directory's README gives every source and caveat).
 * Attention (``attention.csv``): FlashAttention-2's own benchmark (Dao-AILab/flash-attention,
   batch x sequence = 16k tokens, hidden 2048): forward + backward on the A100 and the H100, and
   forward alone on the H100.  A forward + backward row is one sample of two kernels (the
-  backward 2.5 times the forward's FLOPs, FlashAttention-2's count); the other implementations
-  (FlashAttention-1 and -3, cuDNN, Triton, xformers, PyTorch's unfused attention) are not the
-  kernel costed and are not used.
+  backward 2.5 times the forward's FLOPs, FlashAttention-2's count); the A100's rows of the
+  repository's Triton implementation are kept unfitted as that kernel's rate against the fit
+  (:func:`attention_impl_rows`); the other implementations (FlashAttention-1 and -3, cuDNN, the
+  H100 figures' newer Triton kernel, xformers, PyTorch's unfused attention) are not a kernel
+  costed and are not used.
 * Memory-bound kernels (``membw.csv``): gpu-stream's bandwidths (init, read, scale, triad,
   stencils) as fractions of each board's datasheet bandwidth; the kernel-launch interval of
   ``gpu-small-kernels`` (back-to-back stream launches).
@@ -423,4 +425,37 @@ def board_rows(data_dir: Path = A100_H100_DATA) -> dict[str, dict[str, Any]]:
         entry["rows"].append({"precision": gemm_precision(row.dtype), "m": int(row.m), "n": int(row.n), "k": int(row.k),
                               "seconds": float(row.time_ms) * 1e-3, "library": str(row.library),
                               "source": source_name(row.source)})
+    return out
+
+
+#: other fused attention kernels' rows in ``attention.csv``, by the ``model.attention`` name that
+#: runs them (:data:`harness.core.kernels.ATTN_IMPLS`) and the boards whose rows are that kernel:
+#: FlashAttention's benchmark timed its repository's Triton implementation (``flash_attn_triton``,
+#: which llm-foundry's ``attn_impl: triton`` copies) forward + backward on an A100 beside
+#: FlashAttention-2 (the H100 figures' "Triton" is OpenAI's newer tutorial kernel: not this one)
+ATTENTION_IMPLS: dict[str, tuple[str, tuple[str, ...]]] = {"flash_triton": ("FlashAttention Triton", ("A100",))}
+
+
+def attention_impl_rows(data_dir: Path = A100_H100_DATA) -> dict[str, dict[str, Any]]:
+    """Per family, per :data:`ATTENTION_IMPLS` kernel, its timed rows (pass, causal, head size,
+    sequence length, batch x heads, seconds: FLOPs as FlashAttention's benchmark counts them,
+    :func:`attention_samples`) and sources: never fitted, read by
+    :class:`harness.core.calibrated.CalibratedCostModel` as the kernel's rate against the family's
+    FlashAttention-2 fit; none where the file is absent."""
+    path = Path(data_dir) / "attention.csv"
+    if not path.exists():
+        return {}
+    df = _read(path.name, data_dir)
+    out: dict[str, dict[str, Any]] = {}
+    for name, (impl, gpus) in ATTENTION_IMPLS.items():
+        for gpu, g in df[(df["impl"] == impl) & df["gpu"].isin(list(gpus))].groupby("gpu"):
+            rows = []
+            for r in g.to_dict("records"):
+                causal = str(r["causal"]) == "True"
+                bh, s, d = int(r["batch"]) * int(r["nheads"]), int(r["seqlen"]), int(r["head_dim"])
+                flops = 4.0 * bh * s * s * d * (0.5 if causal else 1.0) * (3.5 if r["pass"] == "fwd+bwd" else 1.0)
+                rows.append({"pass": str(r["pass"]), "causal": causal, "head_dim": d, "seqlen": s, "bh": bh,
+                             "seconds": flops / (float(r["tflops"]) * 1e12)})
+            out.setdefault(FAMILY[str(gpu)], {})[name] = {"rows": rows, "rests_on": per_source(
+                [source_name(a, h) for a, h in zip(g["source"], g["notes"].fillna(""))])}
     return out

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.board_rate import board_rate, rows_for
+from harness.core.board_rate import attention_rates, board_rate, impl_rate, rows_for
 from harness.core.cluster import Cluster, DeviceSpec
 from harness.core.costs import AnalyticalCostModel, CostModelError, affine_bytes, node_memory, refuse_unknown, with_measured
 from harness.core.checks import unit_fraction
@@ -72,7 +72,7 @@ from harness.core.kernel_model import (
     MATH_FITS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, KernelModel, attention_features, conv_flags, fit_source,
     load_table,
 )
-from harness.core.kernels import ATTN, CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, GEMM, MEM, KernelTable
+from harness.core.kernels import ATTN, ATTN_IMPLS, CONV_BWD_DATA, CONV_BWD_FILTER, CONV_FWD, GEMM, MEM, KernelTable
 from harness.core.precision import MATH
 
 if TYPE_CHECKING:
@@ -125,6 +125,7 @@ class _ClassFit:
     kappa: float
     label: str  # e.g. "V100/fp16_mixed conv_fwd at the float16 peak (extrapolated)"
     rate: float = 1.0  # the board's own rate (harness.core.board_rate): times over it
+    source: tuple[str, str] = ("", "")  # the measured GPU and precision of the fit
 
 
 class CalibratedCostModel:
@@ -157,6 +158,7 @@ class CalibratedCostModel:
         self.launch = float(launch_us) * 1e-6
         self.efficiency = dict(efficiency or {})
         self._fits: dict[tuple[str, str, str], _ClassFit | None] = {}
+        self._impl_cache: dict[tuple[str, str], list[float]] = {}
         self._rooflines: dict[str, AnalyticalCostModel] = {}
         self._times: "weakref.WeakKeyDictionary[Any, dict[tuple[str, float], np.ndarray]]" = weakref.WeakKeyDictionary()
         self._used: dict[str, set[str]] = {}
@@ -212,7 +214,7 @@ class CalibratedCostModel:
                 " (extrapolated)" if transferred or cfg.get("extrapolated", False) else "")
             rate, rate_label = self._board_rate(spec, gpu, prec) if "board" in cfg else (1.0, "")
             self._fits[key] = _ClassFit(KernelModel.from_dict(self.table["kernels"][gpu][prec][cls]), peak, float(kappa),
-                                        label + rate_label, rate)
+                                        label + rate_label, rate, (gpu, prec))
         return self._fits[key]
 
     def _board_rate(self, spec: DeviceSpec, gpu: str, prec: str) -> tuple[float, str]:
@@ -279,6 +281,10 @@ class CalibratedCostModel:
                         continue
                     used.add(fit.label)
                     t[part] = self._class_rows(fit, kind, dims[part], flops[part], kt)
+                    if kind == ATTN:
+                        for impl in sorted(set(dims[part, 7].astype(int).tolist()) - {0}):
+                            used.add(f"{ATTN_IMPLS[impl]} attention at its rate against {fit.source[0]} FlashAttention-2 "
+                                     f"({len(self.table['attention_impls'][fit.source[0]][ATTN_IMPLS[impl]]['rows'])} rows measured)")
                     if nbytes is not None:
                         # no kernel moves its operands faster than the measured memory-bound kernels
                         # do: where a fit extrapolates past its measurements (a short reduction dim,
@@ -327,10 +333,31 @@ class CalibratedCostModel:
         model = fit.model
         if kind == ATTN:
             gd, flags = attention_features(dims[:, 1], dims[:, 2], dims[:, 3], dims[:, 4], dims[:, 5])
-            return model.time(gd, flops, fit.peak, flags if model.flag_log.size else None) / fit.rate
+            t = model.time(gd, flops, fit.peak, flags if model.flag_log.size else None) / fit.rate
+            for impl in sorted(set(dims[:, 7].astype(int).tolist()) - {0}):
+                sel = dims[:, 7] == impl
+                t[sel] /= self._impl_rates(fit, ATTN_IMPLS[impl], dims[sel, 4] > 0, dims[sel, 3])
+            return t
         gd = self._gemm_dims(kind, dims, kt) / fit.kappa
         flags = conv_flags(dims[:, 5], dims[:, 6], dims[:, 7], dims[:, 8], dims[:, 1]) if model.flag_log.size else None
         return model.time(gd, flops, fit.peak, flags) / fit.rate
+
+    def _impl_rates(self, fit: _ClassFit, name: str, causal: np.ndarray, head_dim: np.ndarray) -> np.ndarray:
+        """Per attention row run by kernel ``name`` (not FlashAttention-2), its measured rate against
+        ``fit``, the FlashAttention-2 fit of the measured GPU it reads (:func:`harness.core.board_rate.impl_rate`);
+        a one-line error where that GPU never ran the kernel."""
+        gpu, prec = fit.source
+        measured = self.table.get("attention_impls", {})
+        entry = measured.get(gpu, {}).get(name)
+        if entry is None:
+            where = [g for g, per in measured.items() if name in per]
+            raise CalibrationError(f"model.attention={name}: that kernel was measured on {', '.join(where) or 'no GPU'} only, not "
+                                   f"on an {gpu}: use model.attention=flash there")
+        key = (gpu, name)
+        if key not in self._impl_cache:
+            self._impl_cache[key] = attention_rates(entry["rows"], fit.model, REFERENCE_PEAK_TFLOPS[(gpu, prec)] * 1e12)
+        rates = self._impl_cache[key]
+        return np.array([impl_rate(entry["rows"], rates, bool(c), int(d)) for c, d in zip(causal, head_dim)])
 
     def _sustained(self, seconds: np.ndarray) -> np.ndarray:
         """Kernel seconds as a training step sustains them: the isolated kernels' (the fits') over

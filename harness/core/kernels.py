@@ -49,8 +49,12 @@ GEMM_COLS: tuple[str, ...] = ("batch", "m", "n", "k")
 CONV_COLS: tuple[str, ...] = ("N", "C", "H", "W", "K", "R", "S", "stride_h", "stride_w", "pad_h", "pad_w",
                               "dil_h", "dil_w", "groups")
 #: an attention row: batch x local query heads, query and key lengths, head size, causal (0/1),
-#: phase (0 forward, 1 backward), query heads per key/value head (grouped-query attention; 0 as 1)
-ATTN_COLS: tuple[str, ...] = ("bh", "s_q", "s_kv", "head_dim", "causal", "phase", "group")
+#: phase (0 forward, 1 backward), query heads per key/value head (grouped-query attention; 0 as 1),
+#: the kernel (:data:`ATTN_IMPLS`: 0 FlashAttention-2)
+ATTN_COLS: tuple[str, ...] = ("bh", "s_q", "s_kv", "head_dim", "causal", "phase", "group", "impl")
+#: the fused attention kernels an ``ATTN`` row may name (its ``impl`` column): FlashAttention-2,
+#: and llm-foundry's Triton FlashAttention (``attn_impl: triton``, MosaicML's MPT runs)
+ATTN_IMPLS: tuple[str, ...] = ("flash", "flash_triton")
 NCOLS = len(CONV_COLS)
 #: the FLOPs of an attention backward over its forward (FlashAttention-2: 5 matmuls against 2)
 ATTN_BWD_FACTOR = 2.5

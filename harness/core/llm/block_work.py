@@ -72,7 +72,7 @@ from math import ceil
 
 import numpy as np
 
-from harness.core.kernels import ATTN, GEMM, MEM, NCOLS, KernelTable
+from harness.core.kernels import ATTN, ATTN_IMPLS, GEMM, MEM, NCOLS, KernelTable
 from harness.core.errors import OptionError
 from harness.core.llm import eager as ek
 from harness.core.llm.eager import EagerStep
@@ -259,10 +259,10 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
             ph.eager(ek.repeat_kv(A, L.hl // L.kvl), T * L.ql)
     core_start = {p: len(r) for p, r in ph.rows.items()}
     S = L.b * L.hl * L.sq * L.s  # attention scores on this GPU
-    if spec.attention == "flash":
-        group = max(L.hl // L.kvl, 1)
-        ph.add("fwd", ATTN, (L.b * L.hl, L.sq, L.s, L.d, 1, 0, group), 0)
-        ph.add("bwd_input", ATTN, (L.b * L.hl, L.sq, L.s, L.d, 1, 1, group), 0)
+    if spec.fused_attention:
+        group, impl = max(L.hl // L.kvl, 1), ATTN_IMPLS.index(spec.attention)
+        ph.add("fwd", ATTN, (L.b * L.hl, L.sq, L.s, L.d, 1, 0, group, impl), 0)
+        ph.add("bwd_input", ATTN, (L.b * L.hl, L.sq, L.s, L.d, 1, 1, group, impl), 0)
     else:
         ph.matmul(L.b * L.hl, L.sq, L.s, L.d)
         ph.mem(3 * S * A, 3 * S * A)
@@ -330,7 +330,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
         for kind, dims, bdim, math in ph.rows["fwd"]:
             ph.add("recompute", kind, dims, bdim, math)
     elif shard.recompute == "op":
-        kept_core = core_rows if spec.attention == "flash" else set()
+        kept_core = core_rows if spec.fused_attention else set()
         for i, (kind, dims, bdim, math) in enumerate(ph.rows["fwd"]):
             if i not in linear_rows and i not in kept_core:
                 ph.add("recompute", kind, dims, bdim, math)
@@ -376,7 +376,7 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
     stored = {"none": full, "selective": full - core, "full": n * h * A}.get(shard.recompute, 0)
     if shard.recompute == "op":   # the block's input, the kept matmuls' outputs, the fused attention's, the reduce-scatters'
         stored = n * h * A + sum(T * n_out * A for name, (n_out, _) in matmuls.items() if name not in redo)
-        stored += (T * L.ql * A + core) if spec.attention == "flash" else 0
+        stored += (T * L.ql * A + core) if spec.fused_attention else 0
         stored += 2 * n * h * A if sp else 0
     transient = (full - stored) + grad + (S * A if spec.attention == "eager" else 0)
     params = block_params_local(spec, L, moe)

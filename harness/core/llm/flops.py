@@ -169,4 +169,4 @@ def unit_forward_flops(spec: TransformerSpec, kind: str, moe: bool, seq_len: int
     if kind == "head":
         return s * logit_flops(spec)
     router = 2.0 * spec.hidden * spec.experts if moe else 0.0
-    return s * (projection_flops(spec) + core_flops(spec, s, causal=spec.attention == "flash") + mlp_flops(spec, moe) + router)
+    return s * (projection_flops(spec) + core_flops(spec, s, causal=spec.fused_attention) + mlp_flops(spec, moe) + router)

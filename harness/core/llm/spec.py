@@ -47,7 +47,9 @@ from harness.core.errors import ModelConfigError
 
 POSITIONS: tuple[str, ...] = ("rope", "learned", "alibi")
 NORMS: tuple[str, ...] = ("rmsnorm", "layernorm")
-ATTENTIONS: tuple[str, ...] = ("flash", "eager")
+#: the attention core: a fused kernel (FlashAttention-2; llm-foundry's Triton FlashAttention, priced
+#: at its measured rate against FlashAttention-2 where it was measured) or PyTorch's eager ops
+ATTENTIONS: tuple[str, ...] = ("flash", "flash_triton", "eager")
 #: how the memory-bound steps run (:mod:`harness.core.llm.eager`): one fused kernel each, PyTorch eager's ATen kernels,
 #: torchtitan's code under torch.compile (its blocks and its loss), or with only its blocks compiled (its loss eager)
 KERNEL_STYLES: tuple[str, ...] = ("fused", "eager", "compiled", "compiled_blocks")
@@ -83,7 +85,7 @@ class TransformerSpec:
     qkv_bias: bool = False        # biases on Q, K and V only (Qwen2); implied by linear_bias
     embedding_norm: bool = False  # a norm right after the token embedding (BLOOM)
     dropout: bool = False         # dropout after attention and MLP and on the attention probabilities
-    attention: str = "flash"      # "flash" (fused, keeps softmax statistics) | "eager" (keeps the s x s scores)
+    attention: str = "flash"      # "flash" / "flash_triton" (fused, keep softmax statistics) | "eager" (keeps the s x s scores)
     kernels: str = "fused"        # "fused" | "eager" | "compiled" | "compiled_blocks": how the norms, RoPE, activations, loss run
     keys: InitVar[Mapping[str, str] | None] = None  # how the user spells each field (default model.<field>)
 
@@ -133,6 +135,11 @@ class TransformerSpec:
             object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
 
     # ------------------------------------------------------------------ derived sizes
+    @property
+    def fused_attention(self) -> bool:
+        """Does one fused kernel run the attention core (any ``attention`` but ``eager``)?"""
+        return self.attention != "eager"
+
     @property
     def head_size(self) -> int:
         """Channels per attention head: ``head_dim``, else ``hidden // heads``."""
