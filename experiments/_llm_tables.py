@@ -148,15 +148,17 @@ def compile_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
 def micro_batch_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
     """BLOOM's micro-batch pairs (:func:`experiments._llm_rows.micro_batch_pairs`): the smaller
     micro-batch's time over the larger's, published and simulated (above 1: the larger is faster)."""
-    by = df.set_index("row_id")
     rows = []
-    for a, b in micro_batch_pairs(list(jobs)):
-        if a.row_id not in by.index or b.row_id not in by.index:
-            continue
-        ra, rb = by.loc[a.row_id], by.loc[b.row_id]
+    for a, b, ra, rb in rows_of_pairs(df, micro_batch_pairs(list(jobs))):
         rows.append({"smaller": a.row_id, "larger": b.row_id, "plan": str(ra["plan"]).replace(f" mb{a.micro_batch} ", " "),
                      "micro_batches": f"{a.micro_batch} -> {b.micro_batch}", **time_ratios(ra, rb, "speedup")})
     return pd.DataFrame(rows)
+
+
+def rows_of_pairs(df: pd.DataFrame, pairs: Sequence[tuple[RowJob, RowJob]]) -> list[tuple[RowJob, RowJob, Any, Any]]:
+    """Each pair both of whose rows ``df`` holds, with those two rows."""
+    by = df.set_index("row_id")
+    return [(a, b, by.loc[a.row_id], by.loc[b.row_id]) for a, b in pairs if a.row_id in by.index and b.row_id in by.index]
 
 
 def time_ratios(ra: Any, rb: Any, what: str) -> dict[str, float]:
@@ -173,12 +175,8 @@ def batch_pair_table(df: pd.DataFrame, jobs: Sequence[RowJob]) -> pd.DataFrame:
     """BLOOM's global-batch pairs (:func:`experiments._llm_rows.batch_pairs`): the smaller batch's
     step time over the larger's, published and simulated, and how far the published ratio is from
     the simulated one (``disagreement``: published / simulated - 1)."""
-    by = df.set_index("row_id")
     rows = []
-    for a, b in batch_pairs(list(jobs)):
-        if a.row_id not in by.index or b.row_id not in by.index:
-            continue
-        ra, rb = by.loc[a.row_id], by.loc[b.row_id]
+    for a, b, ra, rb in rows_of_pairs(df, batch_pairs(list(jobs))):
         rec: dict[str, Any] = {"smaller": a.row_id, "larger": b.row_id, "plan": str(ra["plan"]),
                                "sequences": f"{a.batch} -> {b.batch}", **time_ratios(ra, rb, "ratio")}
         rec["disagreement"] = rec["published_ratio"] / rec["simulated_ratio"] - 1

@@ -189,3 +189,15 @@ def assert_goal(benchmark: Any, reference: Any, kind: str, goal: float, what: st
         pytest.xfail(f"{text}: not met on a busy machine")
     assert ratio <= regression * goal, f"{text}: over {regression:g}x the goal on a steady machine - a regression"
     pytest.xfail(f"{text}: not met in this run")
+
+
+def kernel_graph(rows: list[tuple[int, list[int], int, int]], rnn: bool = False) -> OpGraph:
+    """One node per kernel row (kind, dims, batch column, math mode), each its own layer-less op."""
+    from harness.core.kernels import NCOLS, KernelTable
+
+    n = len(rows)
+    kt = KernelTable(list(range(n)), [r[0] for r in rows], [list(r[1]) + [0] * (NCOLS - len(r[1])) for r in rows],
+                     [r[2] for r in rows], [r[3] for r in rows], [rnn] * n)
+    return OpGraph(names=[f"k{i}" for i in range(n)], targets=["aten.mm.default"] * n, phase=[0] * n, layer=[0] * n,
+                   layer_names=["l"], flops=kt.flops(), out_bytes=[0] * n, work_bytes=[0] * n, free=[False] * n,
+                   batch_role=[0] * n, coloc=[-1] * n, src=[], dst=[], nbytes=[], kernels=kt)

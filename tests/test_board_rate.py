@@ -19,9 +19,10 @@ from harness.app.run import build
 from harness.core.board_rate import attention_rates, board_rate, impl_rate, rows_for
 from harness.core.calibrated import CalibratedCostModel, CalibrationError
 from harness.core.kernel_model import KernelModel, load_table
-from harness.core.kernels import ATTN, GEMM, MEM, NCOLS, KernelTable
+from harness.core.kernels import ATTN, GEMM, MEM
 from harness.core.precision import BF16, FP8, TF32
 from harness.core.graph import OpGraph
+from tests.helpers import kernel_graph
 
 KIND = "H100-SXM-96GB-HBM2e-500W"
 BOARD = "H100-500W"
@@ -38,20 +39,10 @@ def plain(costs: Any) -> CalibratedCostModel:
     return CalibratedCostModel(costs.cluster, devices={KIND: {"ref": "H100"}})
 
 
-def graph_of(rows: list[tuple[int, list[int], int, int]]) -> OpGraph:
-    """One node per (kind, dims, bdim, math) kernel row."""
-    n = len(rows)
-    kt = KernelTable(list(range(n)), [r[0] for r in rows], [list(r[1]) + [0] * (NCOLS - len(r[1])) for r in rows],
-                     [r[2] for r in rows], [r[3] for r in rows], [False] * n)
-    return OpGraph(names=[f"k{i}" for i in range(n)], targets=["aten.mm.default"] * n, phase=[0] * n, layer=[0] * n,
-                   layer_names=["l"], flops=kt.flops(), out_bytes=[0] * n, work_bytes=[0] * n, free=[False] * n,
-                   batch_role=[0] * n, coloc=[-1] * n, src=[], dst=[], nbytes=[], kernels=kt)
-
-
 def board_gemms(precision: str, math: int) -> tuple[OpGraph, np.ndarray]:
     """The board's measured GEMMs of ``precision`` as one-kernel nodes, and their measured seconds."""
     rows = [r for r in load_table()["boards"][BOARD]["rows"] if r["precision"] == precision]
-    g = graph_of([(GEMM, [1, r["m"], r["n"], r["k"]], 1, math) for r in rows])
+    g = kernel_graph([(GEMM, [1, r["m"], r["n"], r["k"]], 1, math) for r in rows])
     return g, np.array([r["seconds"] for r in rows])
 
 
@@ -73,7 +64,7 @@ def test_every_tensor_core_kernel_of_a_precision_takes_its_rate(costs: Any) -> N
     rows = [(GEMM, [1, 4096, 1024, 512], 1, BF16), (GEMM, [4, 8192, 4096, 4096], 1, BF16),
             (ATTN, [64, 2048, 2048, 128, 1, 0, 1], 0, BF16), (GEMM, [1, 8192, 8192, 8192], 1, FP8),
             (GEMM, [1, 2048, 2048, 2048], 1, TF32), (MEM, [1 << 26], 0, BF16)]
-    g = graph_of(rows)
+    g = kernel_graph(rows)
     base = plain(costs)
     slow = base.node_times(g, 0) / costs.node_times(g, 0)
     table = load_table()
@@ -125,6 +116,10 @@ def test_board_rows_read_the_file_and_refuse_a_foreign_gpu(tmp_path: Path) -> No
     (tmp_path / "board_gemm.csv").write_text(head + "X-700W,B200,bf16,8,8,8,1,1,cuBLAS,src,loc,how,\n")
     with pytest.raises(SampleError, match="board X-700W's GPU B200 is not an A100 or H100"):
         board_rows(tmp_path)
+    for bad in ("nan", "0", "-1", "inf"):
+        (tmp_path / "board_gemm.csv").write_text(head + f"X-700W,H100,bf16,8,8,8,1,{bad},cuBLAS,src,loc,how,\n")
+        with pytest.raises(SampleError, match=f"bf16 GEMM 8x8x8 has time_ms {bad}: a time must be a positive number"):
+            board_rows(tmp_path)
 
 
 def test_the_table_carries_the_boards_rows() -> None:
@@ -147,21 +142,21 @@ def test_a_triton_attention_row_costs_flashattention2s_time_over_its_measured_ra
     costs = a100_costs()
     rows = [(ATTN, [128, 2048, 2048, 128, 1, 0, 1, 0], 0, BF16), (ATTN, [128, 2048, 2048, 128, 1, 0, 1, 1], 0, BF16),
             (ATTN, [128, 2048, 2048, 128, 1, 1, 1, 1], 0, BF16), (ATTN, [256, 4096, 4096, 64, 0, 0, 1, 1], 0, BF16)]
-    t = costs.node_times(graph_of(rows), 0)
+    t = costs.node_times(kernel_graph(rows), 0)
     table = load_table()
     measured = table["attention_impls"]["A100"]["flash_triton"]["rows"]
     rates = attention_rates(measured, KernelModel.from_dict(table["kernels"]["A100"]["fp16"]["attention"]), 312e12)
     causal128, full64 = impl_rate(measured, rates, True, 128), impl_rate(measured, rates, False, 64)
     assert 0.3 < causal128 < 0.7 and causal128 != pytest.approx(full64, rel=1e-3)
     assert t[1] == pytest.approx(t[0] / causal128, rel=1e-12)
-    fa2 = costs.node_times(graph_of([(ATTN, [128, 2048, 2048, 128, 1, 1, 1, 0], 0, BF16),
+    fa2 = costs.node_times(kernel_graph([(ATTN, [128, 2048, 2048, 128, 1, 1, 1, 0], 0, BF16),
                                      (ATTN, [256, 4096, 4096, 64, 0, 0, 1, 0], 0, BF16)]), 0)
     assert t[2] == pytest.approx(fa2[0] / causal128, rel=1e-12) and t[3] == pytest.approx(fa2[1] / full64, rel=1e-12)
     assert "flash_triton attention at its rate against A100 FlashAttention-2 (24 rows measured)" in costs.report()["devices"]["A100-SXM4-80GB"]
 
 
 def test_a_kernel_nobody_timed_on_a_gpu_is_a_one_line_error(costs: Any) -> None:
-    g = graph_of([(ATTN, [128, 2048, 2048, 128, 1, 0, 1, 1], 0, BF16)])
+    g = kernel_graph([(ATTN, [128, 2048, 2048, 128, 1, 0, 1, 1], 0, BF16)])
     with pytest.raises(CalibrationError, match="model.attention=flash_triton: that kernel was measured on A100 only, not on an H100: "
                                                "use model.attention=flash there"):
         costs.node_times(g, 0)
@@ -208,3 +203,15 @@ def test_flash_triton_is_flashattention_in_every_count_but_its_kernel() -> None:
         assert attn.any() and (kb.dims[attn, 7] == 1).all() and (ka.dims[ka.kind == ATTN, 7] == 0).all()
         np.testing.assert_array_equal(ka.flops(), kb.flops())
     assert wa.stored_bytes == wb.stored_bytes
+
+
+def test_attention_impl_rows_refuse_a_rate_that_is_not_a_positive_number(tmp_path: Path) -> None:
+    from harness.app.kernel_samples import attention_impl_rows
+
+    head = "gpu,gpu_variant,impl,pass,causal,head_dim,seqlen,batch,nheads,dtype,tflops,source,locator,how_measured,notes\n"
+    (tmp_path / "attention.csv").write_text(head + "A100,SXM4,FlashAttention Triton,fwd+bwd,True,128,2048,8,16,fp16,95,src,loc,how,\n")
+    (row,) = attention_impl_rows(tmp_path)["A100"]["flash_triton"]["rows"]
+    assert row["seconds"] == pytest.approx(4 * 128 * 2048 ** 2 * 128 * 0.5 * 3.5 / 95e12, rel=1e-12)
+    (tmp_path / "attention.csv").write_text(head + "A100,SXM4,FlashAttention Triton,fwd+bwd,True,128,2048,8,16,fp16,0,src,loc,how,\n")
+    with pytest.raises(SampleError, match="an A100 FlashAttention Triton row has tflops 0: it must be a positive number"):
+        attention_impl_rows(tmp_path)

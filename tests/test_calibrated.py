@@ -33,10 +33,11 @@ from harness.core.graph import OpGraph
 from harness.app.kernel_fit import GPU_DATA, Samples, all_samples, allreduce_fit, fit_all, fit_model, load_samples, split_indices
 from harness.core.kernel_model import (CONV_FLAGS, KNOTS, REFERENCE_MEM_BW_GBPS, REFERENCE_PEAK_TFLOPS, TABLE, TABLE_FORMAT, FitError,
                                   KernelModel, conv_flags, load_table, monotone_curve)
-from harness.core.kernels import CONV_FWD, GEMM, MEM, NCOLS, KernelTable
+from harness.core.kernels import CONV_FWD, GEMM, MEM
 from harness.core.nccl_calibration import PCIE
 from harness.core.precision import BF16, FP16, FP32, TF32
 from harness.app.run import build
+from tests.helpers import kernel_graph
 from tests.kernel_fit_helpers import ERROR_ABS, assert_same_fit
 
 ZOO: dict[str, list[str]] = {
@@ -79,16 +80,6 @@ class MLP(nn.Module):
 def mlp() -> dict[str, OpGraph]:
     return {p: capture(MLP, [TensorSpec((1024,))], TensorSpec((), "int64", 16), batch_size=256, name="mlp", precision=p)
             for p in ("fp32", "tf32", "amp_fp16")}
-
-
-def one_kernel_graph(rows: list[tuple[int, list[int], int, int]], rnn: bool = False) -> OpGraph:
-    """One node per (kind, dims, bdim, math) row."""
-    n = len(rows)
-    kt = KernelTable(list(range(n)), [r[0] for r in rows], [list(r[1]) + [0] * (NCOLS - len(r[1])) for r in rows],
-                     [r[2] for r in rows], [r[3] for r in rows], [rnn] * n)
-    return OpGraph(names=[f"k{i}" for i in range(n)], targets=["aten.mm.default"] * n, phase=[0] * n, layer=[0] * n,
-                   layer_names=["l"], flops=kt.flops(), out_bytes=[0] * n, work_bytes=[0] * n, free=[False] * n,
-                   batch_role=[0] * n, coloc=[-1] * n, src=[], dst=[], nbytes=[], kernels=kt)
 
 
 def fitted(ref: str, prec: str, cls: str) -> KernelModel:
@@ -377,7 +368,7 @@ def test_a_row_costs_what_its_fit_says() -> None:
     v100 = costs_on("dgx1_v100")
     p100 = costs_on("dgx1_p100")
     conv = [8, 64, 28, 28, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1]  # N C H W K R S strides pads dilations groups
-    g = one_kernel_graph([(GEMM, [1, 512, 256, 1024], 1, FP32), (GEMM, [1, 512, 256, 1024], 1, FP16),
+    g = kernel_graph([(GEMM, [1, 512, 256, 1024], 1, FP32), (GEMM, [1, 512, 256, 1024], 1, FP16),
                           (CONV_FWD, conv, 0, TF32), (MEM, [10_000_000], 0, FP32), (GEMM, [1, 512, 256, 1024], 1, BF16)])
     t = v100.node_times(g, 0)
     flops = g.kernels.flops()
@@ -394,7 +385,7 @@ def test_a_row_costs_what_its_fit_says() -> None:
     assert tp[1] == pytest.approx(fitted("P100", "fp16_pseudo", "gemm").time(gd, flops[1:2], 10.6e12)[0], rel=1e-12)
     assert tp[0] == pytest.approx(fitted("P100", "fp32", "gemm").time(gd, flops[:1], 10.6e12)[0], rel=1e-12)
     # a recurrent-cell GEMM reads the rnn fit
-    r = one_kernel_graph([(GEMM, [1, 512, 256, 1024], 1, FP32)], rnn=True)
+    r = kernel_graph([(GEMM, [1, 512, 256, 1024], 1, FP32)], rnn=True)
     assert v100.node_times(r, 0)[0] == pytest.approx(fitted("V100", "fp32", "rnn").time(gd, flops[:1], 15.7e12)[0], rel=1e-12)
 
 
@@ -409,7 +400,7 @@ def test_extrapolated_kappa_is_the_compute_to_bandwidth_ratio(math: int, peak_ke
     peak = spec.peak_flops[peak_key]
     kappa = (peak / spec.mem_bw) / (REFERENCE_PEAK_TFLOPS[("V100", ref_prec)] * 1e12 / (REFERENCE_MEM_BW_GBPS["V100"] * 1e9))
     assert kappa > 1  # an H100 needs bigger problems than a V100 for the same efficiency
-    g = one_kernel_graph([(GEMM, [1, 2048, 512, 1024], 1, math)])
+    g = kernel_graph([(GEMM, [1, 2048, 512, 1024], 1, math)])
     dims = np.array([[2048.0, 512.0, 1024.0]])
     model = fitted("V100", ref_prec, "gemm")
     expected = model.time(dims / kappa, g.kernels.flops(), peak)[0]
@@ -444,7 +435,7 @@ def test_faster_hardware_and_math_are_faster(graphs: dict[tuple[str, str], OpGra
     # TF32 tensor cores against FP32 CUDA cores: faster on the MLP's small GEMMs (256 x 1024 x 1024, where the
     # measured TF32 kernels reach 40 TFLOP/s), three times faster on a large one
     assert h100.node_times(mlp["tf32"], 0).sum() < h100.node_times(mlp["fp32"], 0).sum()
-    big = one_kernel_graph([(GEMM, [1, 4096, 4096, 4096], 1, TF32), (GEMM, [1, 4096, 4096, 4096], 1, FP32)])
+    big = kernel_graph([(GEMM, [1, 4096, 4096, 4096], 1, TF32), (GEMM, [1, 4096, 4096, 4096], 1, FP32)])
     t_big = h100.node_times(big, 0)
     assert t_big[0] < t_big[1] / 3
     assert h100.node_times(mlp["fp32"], 0).sum() < v100.node_times(mlp["fp32"], 0).sum()
@@ -461,7 +452,7 @@ def test_a_3x3_convolution_beats_a_1x1_of_the_same_flops(cluster: str, math: int
     # the same implicit GEMM (N P Q, K, C R S) = (32 * 28 * 28, 64, 576): only the filter differs
     w3 = [32, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1]
     p1 = [32, 576, 28, 28, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1]
-    g = one_kernel_graph([(CONV_FWD, w3, 0, math), (CONV_FWD, p1, 0, math)])
+    g = kernel_graph([(CONV_FWD, w3, 0, math), (CONV_FWD, p1, 0, math)])
     flops = g.kernels.flops()
     assert flops[0] == flops[1]
     t = costs_on(cluster).node_times(g, 0)

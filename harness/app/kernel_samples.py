@@ -29,6 +29,7 @@ it (that directory's README gives every source and caveat).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from harness.core.errors import UserError
-from harness.core.kernel_model import DATA, attention_features
+from harness.core.kernel_model import DATA, attention_features, attention_flops
+from harness.core.kernels import ATTN_BWD_FACTOR
 
 A100_H100_DATA = DATA / "gpu" / "a100_h100"
 
@@ -312,8 +314,8 @@ def attention_samples(data_dir: Path = A100_H100_DATA) -> dict[tuple[str, str, s
         bh = g["batch"].to_numpy(np.float64) * g["nheads"].to_numpy(np.float64)
         causal = (g["causal"].astype(str) == "True").to_numpy()
         both = (g["pass"] == "fwd+bwd").to_numpy()
-        fwd_flops = 4.0 * bh * s * s * d * np.where(causal, 0.5, 1.0)
-        total = fwd_flops * np.where(both, 3.5, 1.0)
+        fwd_flops = attention_flops(bh, s, d, causal)
+        total = fwd_flops * np.where(both, 1.0 + ATTN_BWD_FACTOR, 1.0)
         time_s = total / (g["tflops"].to_numpy(np.float64) * 1e12)
         dims, flags = attention_features(s, s, d, causal, np.zeros(len(s)))
         bdims, bflags = attention_features(s, s, d, causal, np.ones(len(s)))
@@ -321,7 +323,7 @@ def attention_samples(data_dir: Path = A100_H100_DATA) -> dict[tuple[str, str, s
                   for p, c, dd, ss in zip(g["pass"], causal, d, s)]
         src = [source_name(a, h) for a, h in zip(g["source"], g["notes"].fillna(""))]
         out[(FAMILY[str(gpu)], "fp16", "attention")] = Samples(dims, flags, fwd_flops, time_s, labels,
-                                                               (bdims, bflags, np.where(both, 2.5 * fwd_flops, 0.0)), src)
+                                                               (bdims, bflags, np.where(both, ATTN_BWD_FACTOR * fwd_flops, 0.0)), src)
     return out
 
 
@@ -419,6 +421,9 @@ def board_rows(data_dir: Path = A100_H100_DATA) -> dict[str, dict[str, Any]]:
         gpu = str(row.gpu)
         if gpu not in FAMILY:
             raise SampleError(f"a100_h100/board_gemm.csv: board {row.board}'s GPU {gpu} is not an A100 or H100")
+        if not (math.isfinite(float(row.time_ms)) and float(row.time_ms) > 0):
+            raise SampleError(f"a100_h100/board_gemm.csv: board {row.board}'s {row.dtype} GEMM {row.m}x{row.n}x{row.k} has time_ms "
+                              f"{row.time_ms}: a time must be a positive number")
         entry = out.setdefault(str(row.board), {"gpu": FAMILY[gpu], "rows": []})
         if entry["gpu"] != FAMILY[gpu]:
             raise SampleError(f"a100_h100/board_gemm.csv: board {row.board} lists GPUs of two families")
@@ -452,10 +457,12 @@ def attention_impl_rows(data_dir: Path = A100_H100_DATA) -> dict[str, dict[str, 
             rows = []
             for r in g.to_dict("records"):
                 causal = str(r["causal"]) == "True"
+                if not (math.isfinite(float(r["tflops"])) and float(r["tflops"]) > 0):
+                    raise SampleError(f"a100_h100/attention.csv: an {gpu} {impl} row has tflops {r['tflops']}: it must be a positive number")
                 bh, s, d = int(r["batch"]) * int(r["nheads"]), int(r["seqlen"]), int(r["head_dim"])
-                flops = 4.0 * bh * s * s * d * (0.5 if causal else 1.0) * (3.5 if r["pass"] == "fwd+bwd" else 1.0)
+                flops = float(attention_flops(bh, s, d, causal)) * (1.0 + ATTN_BWD_FACTOR if r["pass"] == "fwd+bwd" else 1.0)
                 rows.append({"pass": str(r["pass"]), "causal": causal, "head_dim": d, "seqlen": s, "bh": bh,
                              "seconds": flops / (float(r["tflops"]) * 1e12)})
             out.setdefault(FAMILY[str(gpu)], {})[name] = {"rows": rows, "rests_on": per_source(
-                [source_name(a, h) for a, h in zip(g["source"], g["notes"].fillna(""))])}
+                [source_name(a, h if isinstance(h, str) else "") for a, h in zip(g["source"], g["notes"])])}
     return out

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.core.kernel_model import KernelModel, attention_features
+from harness.core.kernel_model import KernelModel, attention_features, attention_flops
 from harness.core.kernels import ATTN_BWD_FACTOR
 
 #: the precision whose rate a board's other precisions take where it has no GEMMs of theirs
@@ -63,7 +63,7 @@ def attention_rates(rows: Sequence[Mapping[str, Any]], model: KernelModel, peak:
     d = np.array([r["head_dim"] for r in rows], dtype=np.float64)
     c = np.array([r["causal"] for r in rows], dtype=np.float64)
     both = np.array([r["pass"] == "fwd+bwd" for r in rows])
-    flops = 4.0 * np.array([r["bh"] for r in rows], dtype=np.float64) * s * s * d * np.where(c > 0, 0.5, 1.0)
+    flops = attention_flops([r["bh"] for r in rows], s, d, c > 0)
     dims, flags = attention_features(s, s, d, c, np.zeros(len(rows)))
     t = model.time(dims, flops, peak, flags)
     bdims, bflags = attention_features(s, s, d, c, np.ones(len(rows)))

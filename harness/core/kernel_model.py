@@ -151,6 +151,15 @@ def conv_flags(r: np.ndarray, s: np.ndarray, stride_h: np.ndarray, stride_w: np.
                     axis=1).astype(np.float64)
 
 
+def attention_flops(bh: Any, seqlen: Any, head_dim: Any, causal: Any) -> np.ndarray:
+    """A fused attention forward's FLOPs as FlashAttention's benchmark counts them: ``4 b h s^2 d``
+    over ``bh`` = batch x heads, half when causal (a backward is 2.5 times it:
+    :data:`harness.core.kernels.ATTN_BWD_FACTOR`)."""
+    s = np.asarray(seqlen, dtype=np.float64)
+    return 4.0 * np.asarray(bh, dtype=np.float64) * s * s * np.asarray(head_dim, dtype=np.float64) \
+        * np.where(np.asarray(causal, dtype=bool), 0.5, 1.0)
+
+
 def attention_features(s_q: np.ndarray, s_kv: np.ndarray, head_dim: np.ndarray, causal: np.ndarray,
                        backward: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (dims, flags) a fused attention kernel's efficiency is read at: the curves at the
