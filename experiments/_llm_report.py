@@ -253,8 +253,29 @@ def single_node_lines(single: pd.DataFrame, df: pd.DataFrame) -> list[str]:
            " not in the network between the nodes." if where != "smaller than" else
            ", so part of the sweep's miss lies in the network between the nodes."),
         "",
+        *tp_degree_lines(df),
     ]
     return lines
+
+
+def tp_degree_lines(df: pd.DataFrame) -> list[str]:
+    """The sweep's ratios by tensor-parallel degree: whether the miss grows with it (a cost that
+    shrinks less than the per-GPU GEMMs as TP splits them)."""
+    sweep = df[(df["group"] == SWEEP) & (df["ratio"] > 0)]
+    tp = sweep["plan"].str.extract(r"^TP(\d+) ", expand=False).astype(float)
+    by = sweep["ratio"].groupby(tp).agg(["median", "min", "max", "size"]).sort_index()
+    if len(by) < 2:
+        return []
+    parts = [f"TP {int(t)} {r['median']:.2f} ({int(r['size'])} row{'s' if r['size'] > 1 else ''}, {r['min']:.2f}-{r['max']:.2f})"
+             for t, r in by.iterrows()]
+    falls = bool((by["median"].diff().dropna() < 0).all())
+    return [
+        "By tensor-parallel degree, the sweep's median simulated / published time: " + ", ".join(parts) + "."
+        + (" The miss grows with the degree: what a step spends that shrinks less than its GEMMs when TP splits them"
+           " (the replicated norms and residuals of TP without sequence parallelism, TP's all-reduces, the host's time"
+           " between kernels) weighs more in the real runs than in the simulation." if falls else ""),
+        "",
+    ]
 
 
 def write_readme(out: Path, df: pd.DataFrame, summary: pd.DataFrame, pairs: pd.DataFrame, spread: pd.DataFrame, eta: float, *,

@@ -273,6 +273,21 @@ def test_the_one_node_section_says_where_the_miss_lies(one, sweep, says):
     assert says in text and f"{one:.2f} on one node against {sweep:.2f} over the sweep's 2 TP 8 rows" in text
 
 
+
+@pytest.mark.parametrize("ratios, grows", [((0.9, 0.85, 0.8, 0.75), True), ((0.8, 0.85, 0.8, 0.75), False)])
+def test_the_sweep_is_read_by_tensor_parallel_degree(ratios, grows):
+    """Each degree's median and range; the sentence on a growing miss only where every step up in
+    TP lowers the median."""
+    from experiments._llm_report import tp_degree_lines
+
+    plans = ["TP1 PP48", "TP2 PP24", "TP4 PP12", "TP8 PP6"]
+    df = pd.DataFrame({"group": "bloom_176b_topology_sweep", "ratio": [*ratios, ratios[-1] - 0.1, float("nan")],
+                       "plan": [*plans, "TP8 PP12", "TP8 PP2"]})
+    text = " ".join(tp_degree_lines(df))
+    assert f"TP 1 {ratios[0]:.2f} (1 row, " in text and f"TP 8 {ratios[-1] - 0.05:.2f} (2 rows, " in text
+    assert ("The miss grows with the degree" in text) is grows
+    assert tp_degree_lines(df[df["plan"].str.startswith("TP8")]) == []
+
 def test_micro_batch_pairs_differ_in_their_micro_batch_alone():
     pairs = micro_batch_pairs(JOBS)
     ids = {(a.row_id, b.row_id) for a, b in pairs}
