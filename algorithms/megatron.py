@@ -26,10 +26,11 @@ from typing import Any
 
 from algorithms.base import Algorithm
 from algorithms.stack_plans import stack_plan_info, unit_weights
-from harness.core.checks import boolean
+from harness.core.checks import boolean, one_of
 from harness.core.cluster import Cluster
 from harness.core.costs import CostModel
-from harness.core.llm.plan import PlanError, check_lp_grads_zero, degree, plan_from_degrees, recompute_name, schedule_name, stage_spec, zero_stage
+from harness.core.llm.plan import (GRAD_ACCUMULATION, PlanError, check_grad_accumulation, check_lp_grads_zero, degree, plan_from_degrees,
+                                   recompute_name, schedule_name, stage_spec, zero_stage)
 from harness.core.llm.stack import StackGraph
 from harness.core.strategy import Plan
 
@@ -45,7 +46,7 @@ class Megatron(Algorithm):
                  vpp: int = 1, schedule: str | None = None, micro_batch: int = 1, recompute: str = "none", sequence_parallel: bool = False,
                  zero: int = 1, stages: str | list[int] | None = None, overlap_grad_reduce: bool = True,
                  overlap_param_gather: bool = True, gather_once: bool = False, scatter_gather: bool = True,
-                 keep_lp_grads: bool = False) -> None:
+                 keep_lp_grads: bool = False, grad_accumulation: str = "fused") -> None:
         super().__init__(name, seed)
         self.tp, self.pp, self.cp, self.ep, self.vpp = (degree(v, f"algo.{k}") for k, v in
                                                         (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp)))
@@ -62,6 +63,8 @@ class Megatron(Algorithm):
         self.scatter_gather = boolean(scatter_gather, "algo.scatter_gather")
         self.keep_lp_grads = boolean(keep_lp_grads, "algo.keep_lp_grads")
         check_lp_grads_zero(self.keep_lp_grads, self.zero)
+        self.grad_accumulation = one_of(grad_accumulation, "algo.grad_accumulation", GRAD_ACCUMULATION, PlanError)
+        check_grad_accumulation(self.grad_accumulation, self.zero, self.keep_lp_grads)
         if self.gather_once and self.zero != 3:
             raise PlanError(f"algo.gather_once=true keeps ZeRO-3's gathered parameters for the step; it needs algo.zero=3, got {self.zero}")
 
@@ -71,13 +74,15 @@ class Megatron(Algorithm):
                 "schedule": self.schedule, "micro_batch": self.micro_batch, "recompute": self.recompute,
                 "sequence_parallel": self.sequence_parallel, "zero": self.zero, "stages": stages,
                 "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
-                "gather_once": self.gather_once, "scatter_gather": self.scatter_gather, "keep_lp_grads": self.keep_lp_grads}
+                "gather_once": self.gather_once, "scatter_gather": self.scatter_gather, "keep_lp_grads": self.keep_lp_grads,
+                "grad_accumulation": self.grad_accumulation}
 
     def plan(self, graph: StackGraph, cluster: Cluster, costs: CostModel) -> Plan:
         kw: dict[str, Any] = dict(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, vpp=self.vpp, schedule=self.schedule,
                                   micro_batch=self.micro_batch, recompute=self.recompute, sequence_parallel=self.sequence_parallel,
                                   zero=self.zero, overlap_grad_reduce=self.overlap_grad_reduce,
                                   overlap_param_gather=self.overlap_param_gather, gather_once=self.gather_once,
-                                  scatter_gather=self.scatter_gather, keep_lp_grads=self.keep_lp_grads, meta={"algo": self.name})
+                                  scatter_gather=self.scatter_gather, keep_lp_grads=self.keep_lp_grads,
+                                  grad_accumulation=self.grad_accumulation, meta={"algo": self.name})
         plan = plan_from_degrees(graph, cluster.num_devices, stages=self.stages, weights=lambda p: unit_weights(graph, p, costs), **kw)
         return Plan(graph, plan, info=stack_plan_info(plan, graph, cluster))

@@ -231,9 +231,13 @@ def _megatron_sc21(row: Mapping[str, str]) -> _Draft:
     d.micro_batch, per_chunk, ddp = SC21_SCRIPT[(layers, h)]
     d.vpp = layers // (d.pp * per_chunk) if per_chunk else 1
     d.schedule = "interleaved" if d.vpp > 1 else "1f1b"
-    d.algo = ["algo=megatron", "algo.zero=0", f"algo.overlap_grad_reduce={'true' if ddp == 'torch' else 'false'}"]
+    d.algo = ["algo=megatron", "algo.zero=0", f"algo.overlap_grad_reduce={'true' if ddp == 'torch' else 'false'}",
+              "algo.grad_accumulation=autograd"]
     d.notes.append(f"micro-batch {d.micro_batch}, {'interleaved 1F1B with ' + str(d.vpp) + ' chunks per stage' if d.vpp > 1 else '1F1B'} "
                    f"and --DDP-impl {ddp} from Megatron-LM examples/sc21/run_table_1.sh (the row leaves them blank); --fp16 (CONFIG.sh)")
+    d.notes.append("the FP16 gradients of micro-batches after the first added into param.grad by PyTorch's AccumulateGrad, a pass of "
+                   "their own: Megatron-LM of spring 2021 had no contiguous gradient buffer (default from 2021-08-18) and no "
+                   "gradient-accumulation fusion (2022): algo.grad_accumulation=autograd")
     return d
 
 
@@ -252,6 +256,10 @@ def _korthikanti(row: Mapping[str, str]) -> _Draft:
     sp = row["seq_parallel"].strip().lower() == "yes"
     d.algo.append(f"algo.sequence_parallel={'true' if sp else 'false'}")
     d.notes.append("Megatron-LM's local DDP of 2022 (one gradient all-reduce after the backward), fp16 (Calculon encodes it)")
+    d.algo.append("algo.grad_accumulation=hook")
+    d.notes.append("each micro-batch's FP16 gradients added into the FP16 main_grad buffer by the local DDP's hook, a pass of their own: "
+                   "Megatron-LM turned gradient-accumulation fusion off without FP32 accumulation until 2022-09-27 (arguments.py): "
+                   "algo.grad_accumulation=hook")
     return d
 
 
@@ -353,6 +361,11 @@ def _bloom(row: Mapping[str, str]) -> _Draft:
     d.notes.append("DeepSpeed's pipeline engine reduces the gradients and gathers the ZeRO-1 shards after the backward, not overlapped")
     d.notes.append("CUDA_LAUNCH_BLOCKING=1 (tr11-176B-ml.slurm, against hangs) is simulated as asynchronous launches: BigScience "
                    "measured 6 % from it on 80 GPUs and none on 160 (chronicles-prequel)")
+    if precision == "amp_fp16":
+        d.algo.append("algo.grad_accumulation=autograd")
+        d.notes.append("DeepSpeed's FP16 ZeRO-1 registers no gradient hooks (stage_1_and_2.py: only with partition_gradients or "
+                       "overlap_comm, off by default): PyTorch's AccumulateGrad adds the micro-batches after the first into "
+                       "param.grad, a pass of their own: algo.grad_accumulation=autograd")
     if precision == "amp_bf16":
         d.algo.append("algo.keep_lp_grads=true")
         d.notes.append("DeepSpeed's BF16_Optimizer keeps the BF16 gradients beside its unsharded FP32 accumulation and adds each "

@@ -41,9 +41,11 @@ Per stage, in :func:`harness.core.llm.schedules.stage_order`'s order, per op and
   expert-data-parallel group (``dp * cp / ep`` ranks);
 * **optimizer**: one COMPUTE task per stage at the end, memory-bound: Adam reads and writes its
   fp32 states and reads the gradient, writes the weight, for the local (ZeRO-sharded) elements;
-  with ``keep_lp_grads`` (DeepSpeed's BF16_Optimizer) also one after every micro-batch's backward
-  of a chunk, before its send: ``update_hp_grads`` adds the chunk's 16-bit gradients into their
-  wider accumulators (:func:`simulators.pipeline_costs.grad_accumulation_seconds`).
+  with ``keep_lp_grads`` (DeepSpeed's BF16_Optimizer) or ``grad_accumulation=hook`` also one after
+  every micro-batch's backward of a chunk, before its send (``autograd``: from the second
+  micro-batch on): ``update_hp_grads``, Megatron-LM's ``main_grad.add_`` hook or PyTorch's
+  AccumulateGrad adds the chunk's new 16-bit gradients into the stored ones
+  (:func:`simulators.pipeline_costs.grad_accumulation_seconds`; :meth:`ParallelPlan.accumulates`).
 
 Memory per GPU by kind and the units' costs: :mod:`simulators.pipeline_costs`; the figures read off the
 timeline: :mod:`simulators.pipeline_figures`; the picture: :mod:`simulators.pipeline_gantt`.
@@ -138,8 +140,8 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
     ``"edp"`` (the experts') or ``"emb"`` (the first and last stage's tied embedding),
     ``optimizer_s[s]`` stage ``s``'s optimizer step, ``embedding_sync[s]`` the tied-embedding
     elements stage ``s`` all-reduces before it (:func:`tie_embeddings`), ``grad_acc_s[c]`` the
-    gradient accumulation pass after each micro-batch's backward of chunk ``c`` (``keep_lp_grads``;
-    None: none).  Engine devices are the
+    gradient accumulation pass after a micro-batch's backward of chunk ``c`` (where
+    :meth:`ParallelPlan.accumulates`; None: none).  Engine devices are the
     stages; links ``0..pp-1`` carry stage ``s``'s forward sends, ``pp..2pp-1`` its backward sends,
     ``2pp..3pp-1`` its DP / ZeRO collectives."""
     pp, C = plan.pp, plan.chunks
@@ -245,7 +247,7 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
                             last_rs += rs
                     if i == m - 1:
                         grad_done[u] = t
-            if grad_acc_s is not None and op.kind == ("W" if split else "B") and grad_acc_s[c] > 0:
+            if grad_acc_s is not None and op.kind == ("W" if split else "B") and grad_acc_s[c] > 0 and plan.accumulates(i):
                 device(s, grad_acc_s[c], "opt", -1, i, c, BACKWARD, f"grad accumulate {i} c{c}")
             entry[(op.kind, i, c)], exit_[(op.kind, i, c)] = prio[op_start], prio[-1]
 
@@ -382,7 +384,7 @@ def build_pipeline_taskgraph(graph: StackGraph, plan: ParallelPlan, cluster: Clu
         p2p.append(stage_send_time(fabric, nb, stride, a, b, plan.send_split) if a != b else 0.0)
     static = static_memory(plan, units, stage_units, precision)
     acc = None
-    if plan.keep_lp_grads:
+    if plan.keep_lp_grads or plan.grad_accumulation != "fused":
         acc = [grad_accumulation_seconds(costs, ranks[c % plan.pp], float(sum(units[u].params_local for u in plan.chunk_units(c))),
                                          precision) for c in range(plan.chunks)]
     opt = []

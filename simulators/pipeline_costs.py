@@ -150,9 +150,11 @@ def optimizer_seconds(costs: CostModel, device: int, elements: float, precision:
 
 
 def grad_accumulation_seconds(costs: CostModel, device: int, elements: float, precision: str) -> float:
-    """DeepSpeed's ``update_hp_grads`` after one micro-batch's backward (``algo.keep_lp_grads``):
-    a memory-bound pass over ``elements`` local parameter elements that reads each 16-bit gradient
-    and reads and writes its wider accumulator."""
+    """One micro-batch's gradients added into the step's (``algo.keep_lp_grads``: DeepSpeed's
+    ``update_hp_grads``; ``algo.grad_accumulation`` hook / autograd: Megatron-LM's
+    ``main_grad.add_`` hook, PyTorch's AccumulateGrad): a memory-bound pass over ``elements``
+    local parameter elements that reads each new 16-bit gradient and reads and writes the stored
+    one (``precision``'s gradient bytes: FP32 under ``amp_bf16``, 16 bits under ``amp_fp16``)."""
     w, g, _ = STATE_BYTES[precision]
     return _memory_pass(costs, device, int(math.ceil(elements * (w + 2 * g))))
 

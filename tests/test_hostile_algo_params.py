@@ -170,6 +170,12 @@ def test_keep_lp_grads_needs_zero_0_or_1() -> None:
     refused(lambda: build("megatron", zero=2, keep_lp_grads=True), "algo=megatron: ", "algo.keep_lp_grads", "algo.zero=1", kind=OptionError)
 
 
+def test_grad_accumulation_is_one_of_three_and_needs_unsharded_gradients() -> None:
+    refused(lambda: build("megatron", grad_accumulation="sometimes"), "algo.grad_accumulation", "fused", kind=OptionError)
+    refused(lambda: build("megatron", zero=3, grad_accumulation="hook"), "algo=megatron: ", "algo.grad_accumulation", "algo.zero=1",
+            kind=OptionError)
+
+
 def test_scatter_gather_is_a_flag() -> None:
     refused(lambda: build("megatron", scatter_gather="maybe"), "algo.scatter_gather", kind=OptionError)
 

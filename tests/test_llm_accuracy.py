@@ -91,6 +91,23 @@ def test_what_a_row_publishes_and_its_precision():
     assert precision_of("FP8 rowwise")[1]  # not expressible: a reason
 
 
+
+def test_each_framework_accumulates_its_gradients_as_its_code_did():
+    """Megatron-LM of 2021 and DeepSpeed's FP16 ZeRO-1 through autograd, Megatron-LM's FP16 of 2022
+    through the local DDP's hook, DeepSpeed's BF16_Optimizer its own pass, the others fused."""
+    def mode(job) -> str:
+        return algo_value(job, "grad_accumulation") or "fused"
+
+    for j in JOBS:
+        if not j.expressed:
+            continue
+        want = {"megatron_sc21_table1": "autograd", "korthikanti_mlsys23": "hook"}.get(j.group, "fused")
+        if j.group.startswith("bloom"):
+            want = "autograd" if j.precision == "amp_fp16" else "fused"
+            assert (algo_value(j, "keep_lp_grads") == "true") is (j.precision == "amp_bf16")
+        assert mode(j) == want, j.row_id
+        compose(list(j.overrides))  # the mode is a declared parameter of the job's algorithm
+
 def test_torchtitan_splits_blocks_as_generate_split_points():
     for layers, pp, per_rank in ((126, 8, 1), (126, 8, 2), (80, 4, 2), (32, 4, 1), (61, 4, 2)):
         st = torchtitan_stages(layers, pp, per_rank)

@@ -7,6 +7,8 @@ about 2P (DP, ZeRO-1, ZeRO-2) or 3P (ZeRO-3) parameter-sized messages through ea
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -142,6 +144,48 @@ def test_keep_lp_grads_holds_the_16_bit_gradients_and_adds_them_every_micro_batc
         if tg.dev[t] == 1:  # stage 1 sends micro-batch i's input gradient back only after its pass
             send = tg.label.index(f"pp B{i} c0<-c1")
             assert tl.start[send] >= tl.end[t] - 1e-12
+
+
+@pytest.mark.parametrize("mode, passes", [("fused", 0), ("hook", 6), ("autograd", 5)])
+def test_an_unfused_gradient_accumulation_adds_each_micro_batch_after_its_backward(mode: str, passes: int) -> None:
+    """``grad_accumulation``: Megatron-LM's ``main_grad.add_`` hook after every micro-batch's
+    backward, PyTorch's AccumulateGrad from the second on (the first micro-batch's gradient is
+    stored as it is), fused no pass; the memory does not move (the gradients are stored anyway)."""
+    m, acc = 6, 0.3
+    plan = ParallelPlan(tp=1, pp=2, dp=4, zero=1, stages=(2, 2), grad_accumulation=mode)
+    units = units_of(4)
+    tg, _ = expand_pipeline(plan, m, units, [0.05], lambda op, nb, grp: (0.0, 0.0), [0.0, 0.0], "amp_fp16", None, [acc, acc])
+    tl = engine.run(tg, 2, 6)
+    labels = [x for x in tg.label if x.startswith("grad accumulate")]
+    assert len(labels) == 2 * passes
+    assert ("grad accumulate 0 c0" in labels) is (mode == "hook")
+    fused, _ = expand_pipeline(replace(plan, grad_accumulation="fused"), m, units, [0.05], lambda op, nb, grp: (0.0, 0.0),
+                               [0.0, 0.0], "amp_fp16", None, [acc, acc])
+    assert tl.busy == pytest.approx(engine.run(fused, 2, 6).busy + passes * acc)
+    base = static_memory(replace(plan, grad_accumulation="fused"), units, [plan.stage_units(s) for s in range(2)], "amp_fp16")
+    mem = static_memory(plan, units, [plan.stage_units(s) for s in range(2)], "amp_fp16")
+    assert all(np.array_equal(mem[k], base[k]) for k in base)
+
+
+def test_the_accumulation_pass_moves_the_stored_gradients_bytes() -> None:
+    """The pass reads each new 16-bit gradient and reads and writes the stored one: 6 bytes a
+    parameter with 16-bit gradients (``amp_fp16``), 10 with FP32 ones (``amp_bf16``)."""
+    from simulators.pipeline_costs import grad_accumulation_seconds
+
+    class Bytes:
+        def kernel_times(self, table, device, n):
+            return np.asarray(table.dims[:, 0], dtype=float)
+
+    assert grad_accumulation_seconds(Bytes(), 0, 1000, "amp_fp16") == 6000
+    assert grad_accumulation_seconds(Bytes(), 0, 1000, "amp_bf16") == 10000
+
+
+@pytest.mark.parametrize("kw, says", [({"grad_accumulation": "hook", "zero": 2}, "algo.zero=2 shards the gradients"),
+                                      ({"grad_accumulation": "autograd", "keep_lp_grads": True}, "set algo.grad_accumulation=hook"),
+                                      ({"grad_accumulation": "fusd"}, "algo.grad_accumulation")])
+def test_an_unfused_gradient_accumulation_is_refused_where_it_cannot_be(kw: dict, says: str) -> None:
+    with pytest.raises(PlanError, match=says):
+        ParallelPlan(tp=1, pp=1, dp=2, **{"zero": 1, **kw})
 
 
 def test_keep_lp_grads_needs_gradients_wider_than_the_weights() -> None:

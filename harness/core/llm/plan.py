@@ -44,6 +44,9 @@ this module allows where the frameworks differ:
   does not shard parameters);
 * ``keep_lp_grads`` (DeepSpeed's BF16_Optimizer) with ZeRO 0 or 1 and a precision whose
   gradients are kept wider than its weights (``amp_bf16``, ``amp_fp8``);
+* ``grad_accumulation`` other than ``fused`` (a separate pass adding each micro-batch's
+  gradients into the stored ones) with ZeRO 0 or 1, and not ``autograd`` beside
+  ``keep_lp_grads`` (whose ``update_hp_grads`` is that pass, every micro-batch);
 * a CNN's stack graph (no transformer shape) takes no TP, CP or EP: its stages pipeline and its
   replicas split the batch.
 """
@@ -69,6 +72,8 @@ if TYPE_CHECKING:
 #: 2021), Megatron-LM's interleaved 1F1B (SC'21) and torch.distributed.pipelining's, ZB-H1 (Qi et
 #: al., ICLR'24); harness.core.llm.schedules gives each one's order
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", *INTERLEAVED, "zb_h1")
+#: how a step's micro-batches' weight gradients add up (:attr:`ParallelPlan.grad_accumulation`)
+GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "hook", "autograd")
 
 #: ZeRO stages (Rajbhandari et al., SC'20): 0 plain data parallelism (DDP), 1 optimizer states
 #: sharded (Megatron-LM's distributed optimizer), 2 + gradients, 3 + parameters (FSDP)
@@ -207,6 +212,15 @@ class ParallelPlan:
     #: backward adds them into it (``update_hp_grads``); False: the 16-bit gradient is freed as it is
     #: accumulated (Megatron-LM's main_grad)
     keep_lp_grads: bool = False
+    #: how each micro-batch's weight gradients join the step's: ``fused`` into the weight-gradient GEMM
+    #: (Megatron-LM's gradient_accumulation_fusion) or over sharded gradients (ZeRO 2 / 3, FSDP): no pass of
+    #: its own; ``hook``: a memory-bound pass after every micro-batch's backward reading each new 16-bit
+    #: gradient and reading and writing the stored one (Megatron-LM's local DDP hook ``main_grad.add_(grad)``,
+    #: which its fp16 runs kept until gradient_accumulation_fusion took fp16 in September 2022);
+    #: ``autograd``: the same pass from the second micro-batch on (PyTorch's AccumulateGrad adds into
+    #: ``param.grad``, the first micro-batch's gradient is stored as it is: Megatron-LM's DDP of 2021,
+    #: DeepSpeed's fp16 ZeRO 0 / 1)
+    grad_accumulation: str = "fused"
     #: who made the plan (``algo``), for strategy.json; not part of the plan's identity
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -221,6 +235,8 @@ class ParallelPlan:
                   "scatter_gather", "keep_lp_grads"):
             put(self, k, boolean(getattr(self, k), f"algo.{k}", PlanError))
         check_lp_grads_zero(self.keep_lp_grads, self.zero)
+        put(self, "grad_accumulation", one_of(self.grad_accumulation, "algo.grad_accumulation", GRAD_ACCUMULATION, PlanError))
+        check_grad_accumulation(self.grad_accumulation, self.zero, self.keep_lp_grads)
         stages = self.stages
         if isinstance(stages, np.ndarray):
             stages = stages.tolist()
@@ -251,6 +267,13 @@ class ParallelPlan:
         """The first unit of virtual stage ``c``."""
         self._check_chunk(c)
         return int(sum(self.stages[:c]))
+
+    def accumulates(self, i: int) -> bool:
+        """Whether micro-batch ``i``'s backward is followed by a separate gradient accumulation
+        pass: ``keep_lp_grads`` (DeepSpeed's ``update_hp_grads``) and ``grad_accumulation=hook``
+        after every micro-batch, ``autograd`` from the second on, ``fused`` never."""
+        mode = "hook" if self.keep_lp_grads else self.grad_accumulation
+        return mode == "hook" or (mode == "autograd" and i > 0)
 
     @property
     def send_split(self) -> int:
@@ -624,6 +647,19 @@ def check_lp_grads_zero(keep_lp_grads: bool, zero: int) -> None:
                         f"or 1 only); got algo.zero={zero}: set algo.zero=1 or algo.keep_lp_grads=false")
 
 
+def check_grad_accumulation(mode: str, zero: int, keep_lp_grads: bool) -> None:
+    """``algo.grad_accumulation`` other than ``fused`` adds whole unsharded gradients: ZeRO 0 or 1
+    only; ``autograd`` beside ``keep_lp_grads`` (whose accumulation pass runs every micro-batch) is
+    a contradiction.  Else a one-line :class:`PlanError`."""
+    if mode != "fused" and zero > 1:
+        raise PlanError(f"algo.grad_accumulation={mode} adds each micro-batch's unsharded gradients into the stored ones, and "
+                        f"algo.zero={zero} shards the gradients (each micro-batch's are reduce-scattered): set algo.zero=1 or "
+                        f"algo.grad_accumulation=fused")
+    if mode == "autograd" and keep_lp_grads:
+        raise PlanError("algo.keep_lp_grads=true accumulates every micro-batch's gradients in DeepSpeed's update_hp_grads, "
+                        "first micro-batch included: set algo.grad_accumulation=hook (or fused), not autograd")
+
+
 def check_lp_grads(plan: ParallelPlan, precision: str) -> None:
     """``algo.keep_lp_grads`` keeps 16-bit gradients beside wider ones: a precision whose gradients
     are kept wider than its weights (``amp_bf16``, ``amp_fp8``; :data:`~harness.core.llm.memory.STATE_BYTES`)."""
@@ -649,7 +685,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
                       sequence_parallel: bool = False, zero: int = 0, stages: str | Sequence[int] | None = None,
                       overlap_grad_reduce: bool = True, overlap_param_gather: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                       reshard_after_forward: bool = True, gather_once: bool = False, scatter_gather: bool = True,
-                      keep_lp_grads: bool = False, weights: Sequence[float] | np.ndarray | Callable[[ParallelPlan], Sequence[float]] | None = None,
+                      keep_lp_grads: bool = False, grad_accumulation: str = "fused", weights: Sequence[float] | np.ndarray | Callable[[ParallelPlan], Sequence[float]] | None = None,
                       meta: dict[str, Any] | None = None) -> ParallelPlan:
     """The validated plan of the given degrees on ``num_gpus`` GPUs: ``dp`` defaults to the GPUs
     the others leave (``num_gpus / (tp * pp * cp)``), the schedule to interleaved 1F1B when
@@ -671,7 +707,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
                         sequence_parallel=sequence_parallel, zero=zero, stages=spec if isinstance(spec, tuple) else (),
                         overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather, bucket_bytes=bucket_bytes,
                         reshard_after_forward=reshard_after_forward, gather_once=gather_once, scatter_gather=scatter_gather,
-                        keep_lp_grads=keep_lp_grads, meta=dict(meta or {}))
+                        keep_lp_grads=keep_lp_grads, grad_accumulation=grad_accumulation, meta=dict(meta or {}))
     check_gpus(plan, num_gpus)
     check_shape(plan, graph)
     check_schedule(plan)
