@@ -59,6 +59,24 @@ def test_flash_attention_keeps_only_the_softmax_statistics():
         assert gpt_block(t, True, "selective", attention="flash").stored_bytes == selective.stored_bytes
 
 
+def test_alibi_copies_its_bias_into_the_eager_scores_and_reads_it_back():
+    """Eager attention under ALiBi (Megatron-DeepSpeed's ``baddbmm(alibi, q, k^T, beta=1)``): one
+    more forward write and read of the local score tensor; nothing backward, nothing stored; a
+    fused attention kernel adds its bias inside."""
+    def mem(position: str, t: int, attention: str = "eager") -> tuple[int, int, int]:
+        spec = TransformerSpec("gpt", 2, H, A_HEADS, A_HEADS, 4 * H, False, S, 51200, True, position=position, norm="layernorm",
+                               linear_bias=True, dropout=True, attention=attention)
+        w = unit_work(transformer_stack(spec, 64, "amp_bf16"), 1, Shard(tp=t, micro_batch=2))
+        rows = [(tab, tab.kind == MEM) for tab in (w.fwd, w.bwd_input, w.bwd_weight)]
+        return (*(int(tab.dims[m, 0].sum()) for tab, m in rows[:2]), w.stored_bytes)
+
+    for t in (1, 4):
+        scores = 2 * (A_HEADS // t) * S * S  # micro-batch 2
+        alibi, learned = mem("alibi", t), mem("learned", t)
+        assert alibi[0] - learned[0] == 2 * scores * 2 and alibi[1:] == learned[1:]
+        assert mem("alibi", t, "flash") == mem("learned", t, "flash")
+
+
 def test_context_parallelism_divides_the_sequence():
     for rec in ("none", "selective", "full"):
         assert gpt_block(2, True, rec, cp=4).stored_bytes * 4 == gpt_block(2, True, rec).stored_bytes

@@ -13,7 +13,8 @@ Kernels (:class:`harness.core.kernels.KernelTable`, one node per phase), forward
 
 * block: norm; QKV column-parallel GEMM; RoPE; the attention core, one fused ``ATTN`` kernel
   (``flash``; causal, over ``s/c`` queries and all ``s`` keys: ring attention) or, ``eager``,
-  ``QK^T``, softmax (+ dropout), ``PV``; the row-parallel output projection; residual
+  ``QK^T`` (ALiBi's bias first copied into the scores and read back), softmax (+ dropout),
+  ``PV``; the row-parallel output projection; residual
   (+ dropout); norm; the MLP column then row parallel (gated: gate and up in one GEMM) with its
   activation, or a MoE layer: router GEMM and top-k, permutation, each local expert's GEMMs
   over its share ``T * top_k / local experts`` of the routed tokens (balanced routing), the
@@ -264,6 +265,11 @@ def block_work(spec: TransformerSpec, seq_len: int, precision: str, shard: Shard
         ph.add("fwd", ATTN, (L.b * L.hl, L.sq, L.s, L.d, 1, 0, group, impl), 0)
         ph.add("bwd_input", ATTN, (L.b * L.hl, L.sq, L.s, L.d, 1, 1, group, impl), 0)
     else:
+        if spec.position == "alibi":
+            # the bias broadcast over the queries is copied into the score buffer and read back by
+            # the GEMM (Megatron-DeepSpeed: torch.baddbmm(alibi, q, k^T, beta=1) expands its input
+            # into the output before cuBLAS accumulates onto it)
+            ph.mem(2 * S * A, 0)
         ph.matmul(L.b * L.hl, L.sq, L.s, L.d)
         ph.mem(3 * S * A, 3 * S * A)
         if drop:
