@@ -46,7 +46,7 @@ class Megatron(Algorithm):
                  vpp: int = 1, schedule: str | None = None, micro_batch: int = 1, recompute: str = "none", sequence_parallel: bool = False,
                  zero: int = 1, stages: str | list[int] | None = None, overlap_grad_reduce: bool = True,
                  overlap_param_gather: bool = True, gather_once: bool = False, scatter_gather: bool = True,
-                 keep_lp_grads: bool = False, grad_accumulation: str = "fused") -> None:
+                 keep_lp_grads: bool = False, grad_accumulation: str = "fused", blocking_sends: bool = False) -> None:
         super().__init__(name, seed)
         self.tp, self.pp, self.cp, self.ep, self.vpp = (degree(v, f"algo.{k}") for k, v in
                                                         (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp)))
@@ -65,6 +65,7 @@ class Megatron(Algorithm):
         check_lp_grads_zero(self.keep_lp_grads, self.zero)
         self.grad_accumulation = one_of(grad_accumulation, "algo.grad_accumulation", GRAD_ACCUMULATION, PlanError)
         check_grad_accumulation(self.grad_accumulation, self.zero, self.keep_lp_grads)
+        self.blocking_sends = boolean(blocking_sends, "algo.blocking_sends")
         if self.gather_once and self.zero != 3:
             raise PlanError(f"algo.gather_once=true keeps ZeRO-3's gathered parameters for the step; it needs algo.zero=3, got {self.zero}")
 
@@ -75,7 +76,7 @@ class Megatron(Algorithm):
                 "sequence_parallel": self.sequence_parallel, "zero": self.zero, "stages": stages,
                 "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
                 "gather_once": self.gather_once, "scatter_gather": self.scatter_gather, "keep_lp_grads": self.keep_lp_grads,
-                "grad_accumulation": self.grad_accumulation}
+                "grad_accumulation": self.grad_accumulation, "blocking_sends": self.blocking_sends}
 
     def plan(self, graph: StackGraph, cluster: Cluster, costs: CostModel) -> Plan:
         kw: dict[str, Any] = dict(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, vpp=self.vpp, schedule=self.schedule,
@@ -83,6 +84,7 @@ class Megatron(Algorithm):
                                   zero=self.zero, overlap_grad_reduce=self.overlap_grad_reduce,
                                   overlap_param_gather=self.overlap_param_gather, gather_once=self.gather_once,
                                   scatter_gather=self.scatter_gather, keep_lp_grads=self.keep_lp_grads,
-                                  grad_accumulation=self.grad_accumulation, meta={"algo": self.name})
+                                  grad_accumulation=self.grad_accumulation, blocking_sends=self.blocking_sends,
+                                  meta={"algo": self.name})
         plan = plan_from_degrees(graph, cluster.num_devices, stages=self.stages, weights=lambda p: unit_weights(graph, p, costs), **kw)
         return Plan(graph, plan, info=stack_plan_info(plan, graph, cluster))

@@ -18,7 +18,7 @@ PLAN_FIELDS: tuple[tuple[str, str], ...] = (
     ("micro_batch", "micro-batch"), ("recompute", "recompute"), ("sequence_parallel", "SP"), ("zero", "ZeRO"),
     ("stages", "stages"), ("overlap_grad_reduce", "overlapped grad reduce"), ("overlap_param_gather", "overlapped param gather"),
     ("keep_lp_grads", "BF16 gradients kept (DeepSpeed's BF16_Optimizer)"),
-    ("grad_accumulation", "gradient accumulation"),
+    ("grad_accumulation", "gradient accumulation"), ("blocking_sends", "blocking pipeline sends"),
 )
 #: the parts of a step (seconds, mean over the pipeline stages): they add up to the step
 SPLIT_KINDS: tuple[str, ...] = ("compute", "recompute", "bubble", "tp", "cp", "ep", "pp", "dp")

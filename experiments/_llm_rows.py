@@ -221,6 +221,11 @@ def _shape(row: Mapping[str, str], d: _Draft, vocab: int | None = None) -> tuple
             f"model.ffn_hidden={ffn}", f"model.seq_len={d.seq_len}", f"model.vocab={v}", f"model.batch_size={d.batch}")
 
 
+#: what a Megatron-LM row's pipeline sends do (megatron/p2p_communication.py of 2021 and 2022)
+MEGATRON_SENDS = ("Megatron-LM waits for each batch_isend_irecv and then calls torch.cuda.synchronize() (p2p_communication.py, "
+                  "'to protect against race condition'): each send holds its stage until delivered: algo.blocking_sends=true")
+
+
 def _megatron_sc21(row: Mapping[str, str]) -> _Draft:
     layers, h = lead_int(row["layers"]) or 0, lead_int(row["hidden"]) or 0
     d = _Draft(row, "gpt3_175b", "superpod_a100", [], "amp_fp16", "full")
@@ -232,12 +237,14 @@ def _megatron_sc21(row: Mapping[str, str]) -> _Draft:
     d.vpp = layers // (d.pp * per_chunk) if per_chunk else 1
     d.schedule = "interleaved" if d.vpp > 1 else "1f1b"
     d.algo = ["algo=megatron", "algo.zero=0", f"algo.overlap_grad_reduce={'true' if ddp == 'torch' else 'false'}",
-              "algo.grad_accumulation=autograd"]
+              "algo.grad_accumulation=autograd", "algo.blocking_sends=true"]
     d.notes.append(f"micro-batch {d.micro_batch}, {'interleaved 1F1B with ' + str(d.vpp) + ' chunks per stage' if d.vpp > 1 else '1F1B'} "
                    f"and --DDP-impl {ddp} from Megatron-LM examples/sc21/run_table_1.sh (the row leaves them blank); --fp16 (CONFIG.sh)")
     d.notes.append("the FP16 gradients of micro-batches after the first added into param.grad by PyTorch's AccumulateGrad, a pass of "
                    "their own: Megatron-LM of spring 2021 had no contiguous gradient buffer (default from 2021-08-18) and no "
                    "gradient-accumulation fusion (2022): algo.grad_accumulation=autograd")
+    if d.pp > 1:
+        d.notes.append(MEGATRON_SENDS)
     return d
 
 
@@ -256,7 +263,9 @@ def _korthikanti(row: Mapping[str, str]) -> _Draft:
     sp = row["seq_parallel"].strip().lower() == "yes"
     d.algo.append(f"algo.sequence_parallel={'true' if sp else 'false'}")
     d.notes.append("Megatron-LM's local DDP of 2022 (one gradient all-reduce after the backward), fp16 (Calculon encodes it)")
-    d.algo.append("algo.grad_accumulation=hook")
+    d.algo += ["algo.grad_accumulation=hook", "algo.blocking_sends=true"]
+    if d.pp > 1:
+        d.notes.append(MEGATRON_SENDS)
     d.notes.append("each micro-batch's FP16 gradients added into the FP16 main_grad buffer by the local DDP's hook, a pass of their own: "
                    "Megatron-LM turned gradient-accumulation fusion off without FP32 accumulation until 2022-09-27 (arguments.py): "
                    "algo.grad_accumulation=hook")
@@ -352,7 +361,12 @@ def _bloom(row: Mapping[str, str]) -> _Draft:
     d = _Draft(row, "bloom_176b", "jean_zay_a100", [], precision, "full")
     d.tp, d.pp, d.dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
     d.micro_batch, d.batch = lead_int(row["micro_batch"]) or 1, lead_int(row["global_batch_seqs"]) or 0
-    d.algo = ["algo=megatron", f"algo.zero={zero}", "algo.overlap_grad_reduce=false", "algo.overlap_param_gather=false"]
+    d.algo = ["algo=megatron", f"algo.zero={zero}", "algo.overlap_grad_reduce=false", "algo.overlap_param_gather=false",
+              "algo.blocking_sends=true"]
+    if d.pp > 1:
+        d.notes.append("DeepSpeed's pipeline engine sends with a blocking dist.send (runtime/pipe/p2p.py; async_op is refused), "
+                       "whose NCCL work the compute stream waits on: each send holds its stage until delivered: "
+                       "algo.blocking_sends=true")
     layers = lead_int(row["layers"]) or 0
     embedding_slots = row["row_id"] == "BLOOM-PROD" or "type:transformer|embedding" in row["notes"]
     if embedding_slots and (layers + 2) % d.pp == 0:

@@ -23,7 +23,8 @@ Per stage, in :func:`harness.core.llm.schedules.stage_order`'s order, per op and
   (ring attention's KV exchange) costs only what exceeds the compute of its phase;
 * **PP**: one TRANSFER per (micro-batch, chunk boundary, direction) on a logical link per stage
   and direction (``p2p_time`` of the last unit's boundary bytes; the same node or not from the
-  rank layout); asynchronous (the sender does not wait);
+  rank layout); asynchronous (the sender does not wait), or with ``blocking_sends`` the sending
+  stage's next op (its optimizer step after its last op) waits for the delivery;
 * **DP / ZeRO** (COLLECTIVE tasks on one ``dp`` link per stage, first come first served):
   gradient buckets (``algo.bucket_bytes`` of gradients, filled in backward order per chunk, as
   Megatron's DDP buffer) all-reduced (``zero`` 0, and DeepSpeed's BF16_Optimizer,
@@ -196,8 +197,10 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
             if t > 0:
                 device(s, t, grp, u, i, c, PHASE_OF[phase], f"{grp} {tag}{i} {uc.name}")
 
+    after: dict[tuple[str, int, int], int] = {}  # (op kind, micro, chunk) -> the first task of the stage's next op
     for s in range(pp):
         uses: list[int] = []  # compute tasks of the ZeRO-3 unit uses, for the one-ahead prefetch
+        prev_key: tuple[str, int, int] | None = None
         last_rs: list[int] = []  # ZeRO-3: the reduce-scatters of the last micro-batch
 
         for op in stage_order(plan.schedule, pp, m, plan.vpp, s):
@@ -250,6 +253,9 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
             if grad_acc_s is not None and op.kind == ("W" if split else "B") and grad_acc_s[c] > 0 and plan.accumulates(i):
                 device(s, grad_acc_s[c], "opt", -1, i, c, BACKWARD, f"grad accumulate {i} c{c}")
             entry[(op.kind, i, c)], exit_[(op.kind, i, c)] = prio[op_start], prio[-1]
+            if prev_key is not None:
+                after[prev_key] = prio[op_start]
+            prev_key = (op.kind, i, c)
 
         # gradient buckets (not ZeRO-3), their reductions, the optimizer step, ZeRO-1/2's parameter gathers
         buckets: list[list[int]] = []
@@ -279,6 +285,8 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
             reduce_ops.append(dp_coll(s, "all_reduce", embedding_sync[s], g_b, "emb", "all_reduce tied embedding", BACKWARD, [stage_end]))
         chained[0] = stage_end
         opt = device(s, optimizer_s[s], "opt", -1, -1, -1, UPDATE, "optimizer step")
+        if prev_key is not None:
+            after[prev_key] = opt
         for a in reduce_ops:
             tk.dep(a, opt)
         if plan.zero in (1, 2):
@@ -304,6 +312,8 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
                            f"pp {kind}{i} c{c}{'->' if kind == 'F' else '<-'}c{c + 1}", link=link, dst=dst, nbytes=nb, wire=nb)
                 tk.dep(exit_[frm], t)
                 tk.dep(t, entry[to])
+                if plan.blocking_sends:
+                    tk.dep(t, after[frm])
     return _assemble(tk, pp, prio)
 
 

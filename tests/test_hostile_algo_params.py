@@ -176,6 +176,10 @@ def test_grad_accumulation_is_one_of_three_and_needs_unsharded_gradients() -> No
             kind=OptionError)
 
 
+def test_blocking_sends_is_a_flag() -> None:
+    refused(lambda: build("megatron", blocking_sends="sometimes"), "algo.blocking_sends", kind=OptionError)
+
+
 def test_scatter_gather_is_a_flag() -> None:
     refused(lambda: build("megatron", scatter_gather="maybe"), "algo.scatter_gather", kind=OptionError)
 

@@ -94,7 +94,8 @@ def test_what_a_row_publishes_and_its_precision():
 
 def test_each_framework_accumulates_its_gradients_as_its_code_did():
     """Megatron-LM of 2021 and DeepSpeed's FP16 ZeRO-1 through autograd, Megatron-LM's FP16 of 2022
-    through the local DDP's hook, DeepSpeed's BF16_Optimizer its own pass, the others fused."""
+    through the local DDP's hook, DeepSpeed's BF16_Optimizer its own pass, the others fused; and
+    their pipeline sends block where the framework's do."""
     def mode(job) -> str:
         return algo_value(job, "grad_accumulation") or "fused"
 
@@ -106,6 +107,8 @@ def test_each_framework_accumulates_its_gradients_as_its_code_did():
             want = "autograd" if j.precision == "amp_fp16" else "fused"
             assert (algo_value(j, "keep_lp_grads") == "true") is (j.precision == "amp_bf16")
         assert mode(j) == want, j.row_id
+        # Megatron-LM's and DeepSpeed's pipeline sends block; torch.distributed.pipelining's do not
+        assert (algo_value(j, "blocking_sends") == "true") is (j.group.split("_")[0] in ("megatron", "korthikanti", "bloom")), j.row_id
         compose(list(j.overrides))  # the mode is a declared parameter of the job's algorithm
 
 def test_torchtitan_splits_blocks_as_generate_split_points():

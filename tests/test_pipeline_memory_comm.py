@@ -15,6 +15,7 @@ import pytest
 from harness.core.llm.plan import ParallelPlan, PlanError
 from simulators import engine
 from simulators.pipeline import expand_pipeline
+from simulators.taskgraph import COMPUTE
 from harness.core.llm.memory import STATE_BYTES
 from simulators.pipeline_costs import UnitCost, static_memory, wire_bytes
 from simulators.pipeline_figures import CAT, COMM_KINDS, time_split
@@ -165,6 +166,28 @@ def test_an_unfused_gradient_accumulation_adds_each_micro_batch_after_its_backwa
     base = static_memory(replace(plan, grad_accumulation="fused"), units, [plan.stage_units(s) for s in range(2)], "amp_fp16")
     mem = static_memory(plan, units, [plan.stage_units(s) for s in range(2)], "amp_fp16")
     assert all(np.array_equal(mem[k], base[k]) for k in base)
+
+
+@pytest.mark.parametrize("schedule, vpp", [("1f1b", 1), ("interleaved", 2), ("gpipe", 1), ("zb_h1", 1)])
+def test_a_blocking_send_holds_its_stage_until_it_is_delivered(schedule: str, vpp: int) -> None:
+    """``blocking_sends`` (DeepSpeed's blocking ``dist.send``, Megatron-LM's synchronize after
+    ``batch_isend_irecv``): the sending stage's next task starts only once its send has arrived;
+    the work is the same, the step no shorter; without it a stage goes on at once."""
+    m, p2p = 4, 0.7
+    stages = (1, 1, 1, 1) if vpp == 2 else (2, 2)
+    plans = [ParallelPlan(tp=1, pp=2, dp=1, zero=0, vpp=vpp, schedule=schedule, stages=stages, blocking_sends=b) for b in (False, True)]
+    (tg0, tl0, _), (tg, tl, _) = (run(p, m, units_of(4), p2p=p2p) for p in plans)
+    assert tl.busy == pytest.approx(tl0.busy) and tl.makespan >= tl0.makespan - 1e-12
+    sends = [t for t, x in enumerate(tg.label) if x.startswith("pp ")]
+    for t in sends:
+        src = int(tg.dev[t])
+        later = [k for k in range(len(tg.label)) if tg.kind[k] == COMPUTE and tg.dev[k] == src and tl.start[k] > tl.start[t] - 1e-12
+                 and tg.prio[k] > max(tg.prio[j] for j in range(len(tg.label)) if tg.kind[j] == COMPUTE and tg.dev[j] == src
+                                      and tl.end[j] <= tl.start[t] + 1e-12)]
+        assert all(tl.start[k] >= tl.end[t] - 1e-12 for k in later), tg.label[t]
+    waited = [t for t in sends if any(tg0.kind[k] == COMPUTE and tg0.dev[k] == tg0.dev[t]
+                                      and tl0.start[t] - 1e-12 <= tl0.start[k] < tl0.end[t] - 1e-12 for k in range(len(tg0.label)))]
+    assert waited  # without blocking, some stage computed while its send was on the wire
 
 
 def test_the_accumulation_pass_moves_the_stored_gradients_bytes() -> None:

@@ -221,6 +221,11 @@ class ParallelPlan:
     #: ``param.grad``, the first micro-batch's gradient is stored as it is: Megatron-LM's DDP of 2021,
     #: DeepSpeed's fp16 ZeRO 0 / 1)
     grad_accumulation: str = "fused"
+    #: a pipeline send holds its sender until it is delivered: the sending stage's next op waits for it
+    #: (DeepSpeed's pipeline engine: blocking ``dist.send``, whose NCCL work the compute stream waits on;
+    #: Megatron-LM: ``torch.cuda.synchronize()`` after each ``batch_isend_irecv``, Megatron-Core's
+    #: ``batch_p2p_sync``); False: the sender goes on (torch.distributed.pipelining's ``isend``)
+    blocking_sends: bool = False
     #: who made the plan (``algo``), for strategy.json; not part of the plan's identity
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -232,7 +237,7 @@ class ParallelPlan:
         put(self, "recompute", recompute_name(self.recompute))
         put(self, "zero", zero_stage(self.zero))
         for k in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "gather_once",
-                  "scatter_gather", "keep_lp_grads"):
+                  "scatter_gather", "keep_lp_grads", "blocking_sends"):
             put(self, k, boolean(getattr(self, k), f"algo.{k}", PlanError))
         check_lp_grads_zero(self.keep_lp_grads, self.zero)
         put(self, "grad_accumulation", one_of(self.grad_accumulation, "algo.grad_accumulation", GRAD_ACCUMULATION, PlanError))
@@ -685,7 +690,7 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
                       sequence_parallel: bool = False, zero: int = 0, stages: str | Sequence[int] | None = None,
                       overlap_grad_reduce: bool = True, overlap_param_gather: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                       reshard_after_forward: bool = True, gather_once: bool = False, scatter_gather: bool = True,
-                      keep_lp_grads: bool = False, grad_accumulation: str = "fused", weights: Sequence[float] | np.ndarray | Callable[[ParallelPlan], Sequence[float]] | None = None,
+                      keep_lp_grads: bool = False, grad_accumulation: str = "fused", blocking_sends: bool = False, weights: Sequence[float] | np.ndarray | Callable[[ParallelPlan], Sequence[float]] | None = None,
                       meta: dict[str, Any] | None = None) -> ParallelPlan:
     """The validated plan of the given degrees on ``num_gpus`` GPUs: ``dp`` defaults to the GPUs
     the others leave (``num_gpus / (tp * pp * cp)``), the schedule to interleaved 1F1B when
@@ -707,7 +712,8 @@ def plan_from_degrees(graph: StackGraph, num_gpus: int, tp: int = 1, pp: int = 1
                         sequence_parallel=sequence_parallel, zero=zero, stages=spec if isinstance(spec, tuple) else (),
                         overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather, bucket_bytes=bucket_bytes,
                         reshard_after_forward=reshard_after_forward, gather_once=gather_once, scatter_gather=scatter_gather,
-                        keep_lp_grads=keep_lp_grads, grad_accumulation=grad_accumulation, meta=dict(meta or {}))
+                        keep_lp_grads=keep_lp_grads, grad_accumulation=grad_accumulation, blocking_sends=blocking_sends,
+                        meta=dict(meta or {}))
     check_gpus(plan, num_gpus)
     check_shape(plan, graph)
     check_schedule(plan)
