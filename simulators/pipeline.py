@@ -394,7 +394,7 @@ def build_pipeline_taskgraph(graph: StackGraph, plan: ParallelPlan, cluster: Clu
         p2p.append(stage_send_time(fabric, nb, stride, a, b, plan.send_split) if a != b else 0.0)
     static = static_memory(plan, units, stage_units, precision)
     acc = None
-    if plan.keep_lp_grads or plan.grad_accumulation != "fused":
+    if plan.accumulation != "fused":
         acc = [grad_accumulation_seconds(costs, ranks[c % plan.pp], float(sum(units[u].params_local for u in plan.chunk_units(c))),
                                          precision) for c in range(plan.chunks)]
     opt = []

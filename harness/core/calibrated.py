@@ -128,6 +128,13 @@ class _ClassFit:
     source: tuple[str, str] = ("", "")  # the measured GPU and precision of the fit
 
 
+def _balance(spec: DeviceSpec, peak: float, gpu: str, prec: str) -> float:
+    """kappa: ``spec``'s FLOPs per byte at ``peak`` over those of the measured ``gpu`` the fit of
+    ``prec`` rests on; a GEMM's dims are divided by it, so that a board of other balance reads the
+    fit where its kernels turn from memory- to compute-bound."""
+    return (peak / spec.mem_bw) / (REFERENCE_PEAK_TFLOPS[(gpu, prec)] * 1e12 / (REFERENCE_MEM_BW_GBPS[gpu] * 1e9))
+
+
 class CalibratedCostModel:
     """Kernel times from the measured kernel fits (see the module docstring)."""
 
@@ -205,10 +212,7 @@ class CalibratedCostModel:
                 return None
             gpu, prec, peak_key, transferred = src
             peak = float(spec.peak_flops[peak_key])
-            kappa = 1.0
-            if cls != "attention":
-                ref_peak = REFERENCE_PEAK_TFLOPS[(gpu, prec)] * 1e12
-                kappa = (peak / spec.mem_bw) / (ref_peak / (REFERENCE_MEM_BW_GBPS[gpu] * 1e9))
+            kappa = 1.0 if cls == "attention" else _balance(spec, peak, gpu, prec)
             what = "attention (FlashAttention-2)" if cls == "attention" else cls
             label = f"{gpu}/{prec} {what} at the {peak_key} peak" + (
                 " (extrapolated)" if transferred or cfg.get("extrapolated", False) else "")
@@ -229,8 +233,7 @@ class CalibratedCostModel:
             return 1.0, f" (board {name}: no GEMMs measured to rate it)"
         g, p, peak_key, _ = src
         peak = float(spec.peak_flops[peak_key])
-        kappa = (peak / spec.mem_bw) / (REFERENCE_PEAK_TFLOPS[(g, p)] * 1e12 / (REFERENCE_MEM_BW_GBPS[g] * 1e9))
-        rate = board_rate(rows, KernelModel.from_dict(self.table["kernels"][g][p]["gemm"]), peak, kappa)
+        rate = board_rate(rows, KernelModel.from_dict(self.table["kernels"][g][p]["gemm"]), peak, _balance(spec, peak, g, p))
         return rate, f" x {rate:.3f} (board {name}: {len(rows)} {of} GEMMs measured on it)"
 
     # ------------------------------------------------------------------ compute

@@ -273,12 +273,17 @@ class ParallelPlan:
         self._check_chunk(c)
         return int(sum(self.stages[:c]))
 
+    @property
+    def accumulation(self) -> str:
+        """The step's gradient accumulation as it runs: ``hook`` under ``keep_lp_grads``
+        (DeepSpeed's ``update_hp_grads`` after every micro-batch), else ``grad_accumulation``."""
+        return "hook" if self.keep_lp_grads else self.grad_accumulation
+
     def accumulates(self, i: int) -> bool:
         """Whether micro-batch ``i``'s backward is followed by a separate gradient accumulation
-        pass: ``keep_lp_grads`` (DeepSpeed's ``update_hp_grads``) and ``grad_accumulation=hook``
-        after every micro-batch, ``autograd`` from the second on, ``fused`` never."""
-        mode = "hook" if self.keep_lp_grads else self.grad_accumulation
-        return mode == "hook" or (mode == "autograd" and i > 0)
+        pass (:attr:`accumulation`): ``hook`` after every micro-batch, ``autograd`` from the second
+        on, ``fused`` never."""
+        return self.accumulation == "hook" or (self.accumulation == "autograd" and i > 0)
 
     @property
     def send_split(self) -> int:
