@@ -4,7 +4,8 @@ runs it was not estimated from: one in-situ factor, held out by group.
 The kernel fits are microbenchmarks - one kernel at a time, on an otherwise idle GPU.  Inside a
 training step a kernel runs under the whole step's power draw (lower sustained clocks), beside
 NCCL's kernels on the same SMs and memory, behind host work; none of that is in a kernel
-table.  The harness has one knob for it, ``costs.in_situ`` (every kernel time over it,
+table (the SMs an overlapped DP / ZeRO collective holds are charged by the pipeline simulator:
+``costs.overlap_slowdown``).  The harness has one knob for it, ``costs.in_situ`` (every kernel time over it,
 :class:`harness.core.calibrated.CalibratedCostModel`), 1 by default: the model as measured.
 
 ``llm_accuracy`` reports what one such factor buys without fitting any row to itself: the

@@ -39,7 +39,12 @@ Per stage, in :func:`harness.core.llm.schedules.stage_order`'s order, per op and
   backward (every micro-batch, as FSDP2 without ``no_sync``); with ``gather_once`` (torchtitan's
   FSDP2 under a pipeline) one gather per unit at its first forward and one reduce-scatter after
   its last backward.  Expert parameters reduce over the
-  expert-data-parallel group (``dp * cp / ep`` ranks);
+  expert-data-parallel group (``dp * cp / ep`` ranks).  Their NCCL kernels share the stage's SMs:
+  a collective that ends while the stage computes lengthens the op it overlaps by
+  ``costs.overlap_slowdown / (1 + costs.overlap_slowdown)`` of its seconds (the engine's ``steal``;
+  one ending while the stage waits costs nothing more).  Point-to-point sends (PP, ring
+  attention's exchange) run one or two NCCL blocks a peer and the TP / EP collectives are stage
+  ops themselves: none of them steals;
 * **optimizer**: one COMPUTE task per stage at the end, memory-bound: Adam reads and writes its
   fp32 states and reads the gradient, writes the weight, for the local (ZeRO-sharded) elements;
   with ``keep_lp_grads`` (DeepSpeed's BF16_Optimizer) or ``grad_accumulation=hook`` also one after
@@ -65,7 +70,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from harness.core.cluster import Cluster
-from harness.core.costs import CostModel
+from harness.core.costs import CostModel, stolen_fraction
 from harness.core.fabric import Group, fabric_of, fabric_report, rank_layout
 from harness.core.graph import BACKWARD, FORWARD, UPDATE
 from harness.core.llm.plan import ParallelPlan, PlanError
@@ -134,7 +139,7 @@ PHASE_OF = {"forward": FORWARD, "backward": BACKWARD, "recompute": BACKWARD}
 def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s: Sequence[float],
                     collective: Callable[[str, float, str], tuple[float, float]], optimizer_s: Sequence[float],
                     precision: str, embedding_sync: Mapping[int, float] | None = None,
-                    grad_acc_s: Sequence[float] | None = None) -> tuple[TaskGraph, dict[str, Any]]:
+                    grad_acc_s: Sequence[float] | None = None, stolen: float = 0.0) -> tuple[TaskGraph, dict[str, Any]]:
     """The task graph of one step (module docstring) from resolved costs: ``p2p_s[c]`` the seconds
     of the transfer between chunk ``c`` and ``c + 1`` (each way), ``collective(op, nbytes, group)``
     the (seconds, wire bytes) of a DP / ZeRO collective over ``"dp"`` (``dp * cp`` ranks),
@@ -142,7 +147,8 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
     ``optimizer_s[s]`` stage ``s``'s optimizer step, ``embedding_sync[s]`` the tied-embedding
     elements stage ``s`` all-reduces before it (:func:`tie_embeddings`), ``grad_acc_s[c]`` the
     gradient accumulation pass after a micro-batch's backward of chunk ``c`` (where
-    :meth:`ParallelPlan.accumulates`; None: none).  Engine devices are the
+    :meth:`ParallelPlan.accumulates`; None: none), ``stolen`` the fraction of a DP / ZeRO collective's
+    seconds the stage op it overlaps loses (:func:`harness.core.costs.stolen_fraction`).  Engine devices are the
     stages; links ``0..pp-1`` carry stage ``s``'s forward sends, ``pp..2pp-1`` its backward sends,
     ``2pp..3pp-1`` its DP / ZeRO collectives."""
     pp, C = plan.pp, plan.chunks
@@ -162,7 +168,7 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
     def dp_coll(s: int, op: str, params: float, bytes_per: int, grp: str, label: str, phase: int, deps: Sequence[int]) -> int:
         nb = params * bytes_per
         dur, wire = collective(op, nb, grp)
-        t = tk.add(COLLECTIVE, -1, dur, "dp", -1, -1, -1, phase, label, link=2 * pp + s, nbytes=nb, wire=wire)
+        t = tk.add(COLLECTIVE, -1, dur, "dp", -1, -1, -1, phase, label, link=2 * pp + s, dst=s, nbytes=nb, wire=wire)
         for a in deps:
             tk.dep(a, t)
         return t
@@ -314,10 +320,10 @@ def expand_pipeline(plan: ParallelPlan, m: int, units: Sequence[UnitCost], p2p_s
                 tk.dep(t, entry[to])
                 if plan.blocking_sends:
                     tk.dep(t, after[frm])
-    return _assemble(tk, pp, prio)
+    return _assemble(tk, pp, prio, stolen)
 
 
-def _assemble(tk: _Tasks, pp: int, prio_order: list[int]) -> tuple[TaskGraph, dict[str, Any]]:
+def _assemble(tk: _Tasks, pp: int, prio_order: list[int], stolen: float = 0.0) -> tuple[TaskGraph, dict[str, Any]]:
     T = len(tk.rows)
     cols = np.array(tk.rows, dtype=np.float64).reshape(T, 9)
     kind = cols[:, 0].astype(np.int8)
@@ -346,6 +352,7 @@ def _assemble(tk: _Tasks, pp: int, prio_order: list[int]) -> tuple[TaskGraph, di
         succ_ptr=succ_ptr, succ_idx=succ_idx, indeg=indeg, alloc_dev=np.where(alloc > 0, dev, -1), alloc_bytes=alloc,
         use_ptr=use_ptr, use_idx=use_idx, static_mem=np.zeros(pp, dtype=np.int64), num_shards=int((kind == COMPUTE).sum()),
         wire_bytes=wire, phase=cols[:, 7].astype(np.int8), label=tk.label,
+        steal=np.where((kind == COLLECTIVE) & (to >= 0), stolen * cols[:, 2], 0.0) if stolen > 0 else None,
     )
     tg.meta = {"graph": "stack", "cat": cols[:, 3].astype(np.int8), "micro": cols[:, 5].astype(np.int64),
                "chunk": cols[:, 6].astype(np.int64)}
@@ -403,7 +410,7 @@ def build_pipeline_taskgraph(graph: StackGraph, plan: ParallelPlan, cluster: Clu
         expert = sum(units[u].expert_params_local for u in us)
         elements = dense + expert if plan.zero == 0 else dense / d + expert / de
         opt.append(optimizer_seconds(costs, ranks[s], elements, precision))
-    tg, _ = expand_pipeline(plan, m, units, p2p, collective, opt, precision, sync, acc)
+    tg, _ = expand_pipeline(plan, m, units, p2p, collective, opt, precision, sync, acc, stolen_fraction(costs.overlap_slowdown))
     tg.static_mem = sum(static.values()).astype(np.int64)
     names = [f"stage {s} ({cluster.devices[r].name})" for s, r in enumerate(ranks)]
     links = ([f"pp send stage {s} -> {(s + 1) % plan.pp}" for s in range(plan.pp)]

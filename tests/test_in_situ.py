@@ -56,6 +56,21 @@ def test_a_bad_in_situ_is_refused_naming_the_key(bad):
     refused(lambda: costs(f"costs.in_situ={bad}"), "costs.in_situ", kind=CostModelError)
 
 
+@pytest.mark.parametrize("bad", ["-0.2", "nan", "inf", "fast"])
+@pytest.mark.parametrize("model", ["calibrated", "analytical"])
+def test_a_bad_overlap_slowdown_is_refused_naming_the_key(bad, model):
+    refused(lambda: build(compose(["model=lenet5", "cluster=dgx_a100", f"costs={model}", f"costs.overlap_slowdown={bad}"])),
+            "costs.overlap_slowdown", kind=CostModelError)
+
+
+def test_the_overlap_slowdown_is_reported_and_leaves_kernels_alone():
+    base, off = costs(), costs("costs.overlap_slowdown=0")
+    assert base.overlap_slowdown == pytest.approx(0.189) and off.overlap_slowdown == 0.0
+    np.testing.assert_array_equal(base.kernel_times(kernels(), 0, 3), off.kernel_times(kernels(), 0, 3))
+    assert "overlap_slowdown" in base.report() and "overlap_slowdown" not in off.report()
+    assert base.describe()["overlap_slowdown"] == pytest.approx(0.189)
+
+
 def test_a_bad_in_situ_on_the_command_line_is_one_line():
     p = run_harness("costs.in_situ=2")
     assert p.returncode != 0 and "Traceback" not in p.stderr

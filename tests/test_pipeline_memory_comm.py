@@ -26,8 +26,10 @@ def units_of(n: int, params: int = 1_000_000, expert: int = 0, f: float = 1.0, b
     return [UnitCost(f"u{u}", f, b, 0.0, 0.0, dict(comm or {}), {}, stored, 0, 4096, params, expert) for u in range(n)]
 
 
-def run(plan: ParallelPlan, m: int, units: list[UnitCost], coll_bw: float | None = None, p2p: float = 0.0, opt: float = 0.0):
-    """Expand and run; DP / ZeRO collectives at ``coll_bw`` bytes/s over their wire bytes (free when None)."""
+def run(plan: ParallelPlan, m: int, units: list[UnitCost], coll_bw: float | None = None, p2p: float = 0.0, opt: float = 0.0,
+        stolen: float = 0.0):
+    """Expand and run; DP / ZeRO collectives at ``coll_bw`` bytes/s over their wire bytes (free when None), each
+    lengthening the stage op it ends in by ``stolen`` of its seconds."""
     d = plan.dp * plan.cp
 
     def coll(op: str, nb: float, grp: str) -> tuple[float, float]:
@@ -35,7 +37,7 @@ def run(plan: ParallelPlan, m: int, units: list[UnitCost], coll_bw: float | None
         w = wire_bytes(op, nb, size)
         return (w / coll_bw if coll_bw else 0.0), w
 
-    tg, _ = expand_pipeline(plan, m, units, [p2p] * (plan.chunks - 1), coll, [opt] * plan.pp, "amp_fp16")
+    tg, _ = expand_pipeline(plan, m, units, [p2p] * (plan.chunks - 1), coll, [opt] * plan.pp, "amp_fp16", stolen=stolen)
     tl = engine.run(tg, plan.pp, 3 * plan.pp)
     return tg, tl, time_split(tg, tl, plan.pp)
 
@@ -267,3 +269,28 @@ def test_activation_buffers_free_at_their_backward() -> None:
     gp = ParallelPlan(tp=1, pp=1, dp=1, stages=(4,), schedule="gpipe")
     _, tl2, _ = run(gp, 3, units_of(4, stored=100))
     assert tl2.peak_mem[0] == 3 * 4 * 100
+
+
+@pytest.mark.parametrize("zero,kw", [(3, {}), (1, {"bucket_bytes": 4_000_000})])
+@pytest.mark.parametrize("slowdown", [0.1, 0.189, 0.5])
+def test_a_collective_overlapping_an_op_slows_it(zero: int, kw: dict, slowdown: float) -> None:
+    """Each DP / ZeRO collective that ends while its stage computes lengthens that op by
+    slowdown / (1 + slowdown) of its seconds; one ending while the stage waits (FSDP's first gather,
+    its last reduce-scatter) costs nothing more."""
+    from harness.core.costs import stolen_fraction
+
+    plan = ParallelPlan(tp=1, pp=1, dp=8, zero=zero, stages=(6,), **kw)
+    units = units_of(6, params=2_000_000)  # collectives of tens of ms beside units of 1-2 s
+    k = stolen_fraction(slowdown)
+    assert k == pytest.approx(slowdown / (1 + slowdown)) and 0 < k < slowdown
+    tg, tl, _ = run(plan, 2, units, coll_bw=100e6)
+    comp = np.flatnonzero((tg.kind == COMPUTE) & (tg.dev == 0))
+    colls = np.flatnonzero(tg.meta["cat"] == CAT["dp"])
+    inside = [c for c in colls if ((tl.start[comp] < tl.end[c]) & (tl.end[c] < tl.end[comp])).any()]
+    assert 0 < len(inside) < len(colls) if zero == 3 else len(inside) > 0
+    tg2, tl2, _ = run(plan, 2, units, coll_bw=100e6, stolen=k)
+    assert np.array_equal(tg2.steal > 0, np.isin(np.arange(tg2.num_tasks), colls))
+    assert tl2.makespan == pytest.approx(tl.makespan + k * float(tg.dur[inside].sum()), rel=1e-9)
+    assert tl2.busy[0] == pytest.approx(tl.busy[0] + k * float(tg.dur[inside].sum()), rel=1e-9)
+    _, tl0, _ = run(plan, 2, units, coll_bw=100e6, stolen=0.0)
+    assert tl0.makespan == tl.makespan

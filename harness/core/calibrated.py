@@ -64,7 +64,7 @@ import numpy as np
 from harness.core.board_rate import attention_rates, board_rate, impl_rate, rows_for
 from harness.core.cluster import Cluster, DeviceSpec
 from harness.core.costs import AnalyticalCostModel, CostModelError, affine_bytes, node_memory, refuse_unknown, with_measured
-from harness.core.checks import unit_fraction
+from harness.core.checks import non_negative_number, unit_fraction
 from harness.core.errors import ClusterError, UserError
 from harness.core.fabric import Fabric, Placement, fabric_of, fabric_report, placed_collective_time, placement_of
 from harness.core.graph import OpGraph
@@ -148,11 +148,13 @@ class CalibratedCostModel:
         sync: str = "ring",
         efficiency: Mapping[str, float] | None = None,
         in_situ: float = 1.0,
+        overlap_slowdown: float = 0.0,
         **unknown: Any,
     ) -> None:
         refuse_unknown(type(self), unknown)
         self.cluster = cluster
         self.in_situ = unit_fraction(in_situ, "costs.in_situ", CostModelError)
+        self.overlap_slowdown = non_negative_number(overlap_slowdown, "costs.overlap_slowdown", CostModelError)
         self.analytical = AnalyticalCostModel(cluster, efficiency=efficiency, mem_efficiency=mem_efficiency,
                                               launch_us=launch_us, sync=sync)
         self.sync = sync
@@ -456,6 +458,9 @@ class CalibratedCostModel:
                                "devices": {kind: "; ".join(sorted(labels)) for kind, labels in self._used.items()}}
         if self.in_situ != 1.0:
             out["in_situ"] = f"every kernel at {self.in_situ:.3f} of its isolated rate (costs.in_situ)"
+        if self.overlap_slowdown:
+            out["overlap_slowdown"] = (f"an op overlapping a collective {100 * self.overlap_slowdown:.1f} % slower while it runs "
+                                       "(costs.overlap_slowdown)")
         if self._allreduce_used and self._fabric_cache is not None:
             out["allreduce"] = fabric_report(self._fabric_cache)
         elif self._fabric_error:
@@ -464,7 +469,8 @@ class CalibratedCostModel:
 
     def describe(self) -> dict[str, Any]:
         return {"model": "calibrated", "table": str(self.table_path), "devices": self.devices,
-                "mem_efficiency": self.mem_eff, "launch_us": self.launch * 1e6, "sync": self.sync, "in_situ": self.in_situ}
+                "mem_efficiency": self.mem_eff, "launch_us": self.launch * 1e6, "sync": self.sync, "in_situ": self.in_situ,
+                "overlap_slowdown": self.overlap_slowdown}
 
 
 def _layer_kernels(lgraph: "LayerGraph") -> tuple[KernelTable, KernelTable]:

@@ -102,7 +102,16 @@ ROOFLINE_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "mem_efficiency": lambda v, key: unit_fraction(v, key, CostModelError),
     "launch_us": lambda v, key: non_negative_number(v, key, CostModelError),
     "sync": _sync_mode,
+    "overlap_slowdown": lambda v, key: non_negative_number(v, key, CostModelError),
 }
+
+
+def stolen_fraction(overlap_slowdown: float) -> float:
+    """The fraction of an overlapped collective's seconds the op it overlaps loses: a kernel
+    ``overlap_slowdown`` slower while the collective's NCCL kernel holds some of the GPU's SMs
+    does ``1 / (1 + slowdown)`` of its work in that time, so it ends ``slowdown / (1 + slowdown)``
+    of the collective's duration later (``CostModel.overlap_slowdown``)."""
+    return overlap_slowdown / (1.0 + overlap_slowdown)
 
 
 def config_keys(owner: type) -> list[str]:
@@ -186,6 +195,10 @@ class CostModel(Protocol):
 
     #: how gradients are synchronised among replicas: ``ring`` (NCCL's ring all-reduce) or ``ps``
     sync: str
+    #: how much slower a kernel runs while a collective's NCCL kernel shares its GPU (0.189: 18.9 %
+    #: slower); the simulator charges an op running as an overlapped collective ends
+    #: ``slowdown / (1 + slowdown)`` of the collective's seconds (:func:`stolen_fraction`)
+    overlap_slowdown: float
 
     def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
         """c_ij: seconds to move ``nbytes`` from device ``src`` to device ``dst`` (0 when equal)."""
@@ -235,15 +248,18 @@ class AnalyticalCostModel:
         mem_efficiency: float = 0.8,
         launch_us: float = 5.0,
         sync: str = "ring",
+        overlap_slowdown: float = 0.0,
         **unknown: Any,
     ) -> None:
         refuse_unknown(type(self), unknown)
-        fig = check_roofline({"efficiency": efficiency, "mem_efficiency": mem_efficiency, "launch_us": launch_us, "sync": sync}, "costs")
+        fig = check_roofline({"efficiency": efficiency, "mem_efficiency": mem_efficiency, "launch_us": launch_us, "sync": sync,
+                              "overlap_slowdown": overlap_slowdown}, "costs")
         self.cluster = cluster
         self.efficiency = fig["efficiency"]
         self.mem_efficiency = fig["mem_efficiency"]
         self.launch = fig["launch_us"] * 1e-6
         self.sync = fig["sync"]
+        self.overlap_slowdown = fig["overlap_slowdown"]
         self._parts: "weakref.WeakKeyDictionary[OpGraph, dict[str, tuple[np.ndarray, np.ndarray]]]" = weakref.WeakKeyDictionary()
 
     # -- compute
@@ -281,7 +297,10 @@ class AnalyticalCostModel:
         return self.cluster.route_lat, self.cluster.route_bw
 
     def report(self) -> dict[str, Any]:
-        return {"model": "analytical", "sync": self.sync}
+        out: dict[str, Any] = {"model": "analytical", "sync": self.sync}
+        if self.overlap_slowdown:
+            out["overlap_slowdown"] = self.overlap_slowdown
+        return out
 
     def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
         devs = list(devices)

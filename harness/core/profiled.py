@@ -335,6 +335,11 @@ class ProfiledCostModel:
         """The all-reduce is the analytical model's."""
         return self.analytical.sync
 
+    @property
+    def overlap_slowdown(self) -> float:
+        """The analytical model's (``costs.fallback.overlap_slowdown``)."""
+        return self.analytical.overlap_slowdown
+
     def allreduce_time(self, nbytes: float | np.ndarray, devices: Sequence[int]) -> float | np.ndarray:
         return self.analytical.allreduce_time(nbytes, devices)
 

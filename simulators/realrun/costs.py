@@ -48,6 +48,10 @@ class RunProfileCosts:
     def sync(self) -> str:
         return self.base.sync
 
+    @property
+    def overlap_slowdown(self) -> float:
+        return self.base.overlap_slowdown
+
     def transfer_time(self, nbytes: float, src: int, dst: int) -> float:
         return self.base.transfer_time(nbytes, src, dst)
 
