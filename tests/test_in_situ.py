@@ -63,6 +63,12 @@ def test_a_bad_overlap_slowdown_is_refused_naming_the_key(bad, model):
             "costs.overlap_slowdown", kind=CostModelError)
 
 
+def test_a_bad_overlap_slowdown_on_the_command_line_is_one_line(tmp_path):
+    p = run_harness("costs.overlap_slowdown=nan", f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 1 and "Traceback" not in p.stderr and not (tmp_path / "result.json").exists()
+    assert p.stderr.strip().splitlines()[-1] == "error: costs.overlap_slowdown must be a finite number >= 0, got nan"
+
+
 def test_the_overlap_slowdown_is_reported_and_leaves_kernels_alone():
     base, off = costs(), costs("costs.overlap_slowdown=0")
     assert base.overlap_slowdown == pytest.approx(0.189) and off.overlap_slowdown == 0.0

@@ -64,7 +64,7 @@ import numpy as np
 from harness.core.board_rate import attention_rates, board_rate, impl_rate, rows_for
 from harness.core.cluster import Cluster, DeviceSpec
 from harness.core.costs import AnalyticalCostModel, CostModelError, affine_bytes, node_memory, refuse_unknown, with_measured
-from harness.core.checks import non_negative_number, unit_fraction
+from harness.core.checks import unit_fraction
 from harness.core.errors import ClusterError, UserError
 from harness.core.fabric import Fabric, Placement, fabric_of, fabric_report, placed_collective_time, placement_of
 from harness.core.graph import OpGraph
@@ -154,9 +154,9 @@ class CalibratedCostModel:
         refuse_unknown(type(self), unknown)
         self.cluster = cluster
         self.in_situ = unit_fraction(in_situ, "costs.in_situ", CostModelError)
-        self.overlap_slowdown = non_negative_number(overlap_slowdown, "costs.overlap_slowdown", CostModelError)
         self.analytical = AnalyticalCostModel(cluster, efficiency=efficiency, mem_efficiency=mem_efficiency,
-                                              launch_us=launch_us, sync=sync)
+                                              launch_us=launch_us, sync=sync, overlap_slowdown=overlap_slowdown)
+        self.overlap_slowdown = self.analytical.overlap_slowdown  # checked there, as the roofline's figures are
         self.sync = sync
         self.table_path = Path(table) if table else TABLE
         self.table = load_table(self.table_path)
